@@ -1,0 +1,41 @@
+/* cli.h — shared helpers of the subcommands (one file per subcommand: cli_run.c, cli_eval.c,
+ * ...). Subcommands return the process exit status: 0 success, 1 failure, 2 usage error; they
+ * print errors as one line "deltafin <cmd>: what" on stderr. Only main() exits. */
+#ifndef DF_CLI_CLI_H
+#define DF_CLI_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/err.h"
+#include "base/pool.h"
+#include "kernels/kern.h"
+#include "model/model.h"
+
+/* Matches argv[*i] against "--name value" or "--name=value". Returns 1 and sets *val (advancing
+ * *i past a separate value), 0 if it is another option, -1 if the value is missing. */
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+int cli_long(const char *cmd, const char *opt, const char *val, long lo, long hi, long *out);
+int cli_double(const char *cmd, const char *opt, const char *val, double lo, double hi, double *out);
+/* "1,2,3" or "1 2 3" -> malloc'd ids. */
+int cli_parse_ids(const char *s, int32_t **ids, int *n, errbuf *err);
+/* The bundled default model folder (models/default next to the binary, or $DELTAFIN_MODEL). */
+int cli_default_model(char *out, size_t cap, errbuf *err);
+
+/* The engine a subcommand runs on: model, kernels and threads. */
+typedef struct cli_engine {
+    model m;
+    const kern_ops *k;
+    pool *pool;
+} cli_engine;
+int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, errbuf *err);
+void cli_engine_close(cli_engine *e);
+
+int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
+int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */
+
+int cmd_run(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+
+#endif

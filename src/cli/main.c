@@ -1,0 +1,36 @@
+/* main.c — the deltafin command: dispatches to one subcommand. The only place that exits. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"run", cmd_run, "generate text or token ids from a prompt"},
+    {"eval", cmd_eval, "write the logits of every position of a token list"},
+    {"synth", cmd_synth, "write a random-weight checkpoint in a real release format"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: deltafin COMMAND [options]   (deltafin COMMAND --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0)
+            return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deltafin: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,42 @@
+/* sampler.h — choosing the next token from logits.
+ *
+ * temperature 0 is greedy: the argmax, lowest id on ties (exact and reproducible). Otherwise
+ * the logits are divided by the temperature, softmaxed, filtered by top-k, top-p (nucleus) and
+ * min-p (relative to the most likely token), renormalised, and sampled with a seeded
+ * xoshiro256** generator: the same seed gives the same tokens on every machine.
+ * Buffers are reserved at init; sampler_pick allocates nothing.
+ */
+#ifndef DF_ENGINE_SAMPLER_H
+#define DF_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/rng.h"
+
+typedef struct sampler_cfg {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;
+} sampler_cfg;
+
+typedef struct sampler {
+    sampler_cfg cfg;
+    rng r;
+    int vocab;
+    struct sampler_cand {
+        float p;
+        int id;
+    } *cand;    /* [vocab] */
+} sampler;
+
+void sampler_cfg_default(sampler_cfg *c);
+int sampler_init(sampler *s, const sampler_cfg *cfg, int vocab, errbuf *err);
+void sampler_free(sampler *s);
+int32_t sampler_pick(sampler *s, const float *logits);
+/* Index of the largest value, lowest index on ties. */
+int32_t sampler_argmax(const float *v, int n);
+
+#endif

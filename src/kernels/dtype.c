@@ -1,0 +1,185 @@
+/* dtype.c — the format table and the exact scalar decoders (the reference every SIMD kernel
+ * is tested against). */
+#include "kernels/dtype.h"
+
+#include <math.h>
+
+const float e2m1_table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    if (exp == 0x1F)
+        return bits_f32(sign | 0x7F800000u | (man << 13)); /* inf / NaN */
+    if (exp == 0) {
+        float v = (float)man * 0x1p-24f; /* subnormal: exact */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+float e4m3_to_f32(uint8_t b)
+{
+    int sign = b >> 7, exp = (b >> 3) & 0xF, man = b & 7;
+    float v;
+    if (exp == 0xF && man == 7)
+        return NAN;
+    if (exp == 0)
+        v = (float)man * 0x1p-9f; /* m/8 * 2^-6 */
+    else
+        v = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+    return sign ? -v : v;
+}
+
+float e8m0_to_f32(uint8_t s)
+{
+    if (s == 255)
+        return NAN;
+    if (s == 0)
+        return 0x1p-127f; /* subnormal float */
+    return bits_f32((uint32_t)s << 23);
+}
+
+uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u)
+        return sign | 0x7E00;
+    if (a >= 0x477FF000u) /* rounds to >= 65520: infinity */
+        return sign | 0x7C00;
+    if (a < 0x38800000u) { /* f16 subnormal or zero: value / 2^-24, rounded to even */
+        float m = fabsf(f) * 0x1p24f;
+        float r = nearbyintf(m);
+        return sign | (uint16_t)r;
+    }
+    uint32_t e = (a >> 23) - 112, man = a & 0x7FFFFF;
+    uint32_t h = (e << 10) | (man >> 13), rest = man & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++;
+    return sign | (uint16_t)h;
+}
+
+static void dec_f32(const kmat *w, int r, int c0, int c1, float *out)
+{
+    memcpy(out, w->data + (size_t)r * w->row_bytes + 4 * (size_t)c0, (size_t)(c1 - c0) * 4);
+}
+
+static void dec_f16(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    for (int i = c0; i < c1; i++)
+        out[i - c0] = f16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+}
+
+static void dec_bf16(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    for (int i = c0; i < c1; i++)
+        out[i - c0] = bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+}
+
+static void dec_mxfp4(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->scale + (size_t)r * w->scale_stride;
+    for (int i = c0; i < c1; i++) {
+        int code = (p[i / 2] >> ((i & 1) * 4)) & 0xF;
+        out[i - c0] = e2m1_table[code] * e8m0_to_f32(s[i / 32]);
+    }
+}
+
+static void dec_int4(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->scale + (size_t)r * w->scale_stride;
+    for (int i = c0; i < c1; i++) {
+        int q = ((p[i / 2] >> ((i & 1) * 4)) & 0xF) - 8;
+        int g = i / 32;
+        out[i - c0] = (float)q * bf16_to_f32((uint16_t)(s[2 * g] | (s[2 * g + 1] << 8)));
+    }
+}
+
+static void dec_fp8(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *srow = w->scale + (size_t)(r / 128) * w->scale_stride;
+    for (int i = c0; i < c1; i++) {
+        float sc;
+        memcpy(&sc, srow + 4 * (size_t)(i / 128), 4);
+        out[i - c0] = e4m3_to_f32(p[i]) * sc;
+    }
+}
+
+const wfmt_info wfmt_table[WF_COUNT] = {
+    [WF_F32] = {"f32", 1, 4, dec_f32},
+    [WF_F16] = {"f16", 1, 2, dec_f16},
+    [WF_BF16] = {"bf16", 1, 2, dec_bf16},
+    [WF_MXFP4] = {"mxfp4", 32, 16, dec_mxfp4},
+    [WF_INT4G32] = {"int4-g32", 32, 16, dec_int4},
+    [WF_FP8B128] = {"fp8-b128", 1, 1, dec_fp8},
+};
+
+size_t wfmt_data_bytes(int fmt, int rows, int cols)
+{
+    const wfmt_info *f = &wfmt_table[fmt];
+    return (size_t)rows * (size_t)(cols / f->block) * (size_t)f->block_bytes;
+}
+
+size_t wfmt_scale_bytes(int fmt, int rows, int cols)
+{
+    switch (fmt) {
+    case WF_MXFP4:
+        return (size_t)rows * (size_t)(cols / 32);
+    case WF_INT4G32:
+        return (size_t)rows * (size_t)(cols / 32) * 2;
+    case WF_FP8B128:
+        return (size_t)((rows + 127) / 128) * (size_t)((cols + 127) / 128) * 4;
+    default:
+        return 0;
+    }
+}
+
+void kmat_init(kmat *m, int fmt, int rows, int cols, const void *data, const void *scale)
+{
+    m->fmt = fmt;
+    m->rows = rows;
+    m->cols = cols;
+    m->data = data;
+    m->row_bytes = wfmt_data_bytes(fmt, 1, cols);
+    m->scale = scale;
+    switch (fmt) {
+    case WF_MXFP4:
+        m->scale_stride = (size_t)cols / 32;
+        break;
+    case WF_INT4G32:
+        m->scale_stride = (size_t)cols / 32 * 2;
+        break;
+    case WF_FP8B128:
+        m->scale_stride = (size_t)((cols + 127) / 128) * 4;
+        break;
+    default:
+        m->scale_stride = 0;
+    }
+}

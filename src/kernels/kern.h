@@ -1,0 +1,50 @@
+/* kern.h — the compute kernels, one table per instruction set, chosen at run time.
+ *
+ * THE EXACTNESS CONTRACT LIVES HERE. Every kernel computes each output element in one fixed,
+ * documented order, so the bits of a result never depend on T (how many tokens a pass
+ * carries), on the chunk or thread that computed it, or on the instruction set:
+ *
+ *   dot(w, x) over n elements ("seq64"): 64 float32 partial sums acc[0..63], all +0 at the
+ *   start; for i = 0, 1, ..., n-1 in order, acc[i % 64] = fma(w[i], x[i], acc[i % 64]);
+ *   then a fixed tree: for h = 32, 16, 8, 4, 2, 1: acc[j] = acc[j] + acc[j + h] for j < h.
+ *   The result is acc[0].
+ *
+ * A matrix row is first dequantized exactly (dtype.h) and then reduced with seq64, so a
+ * row-times-vector product has one defined value for every format. The scalar table is the
+ * definition (it spells the order out literally); the AVX2 and AVX-512 tables must and do
+ * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
+ * logits identical across machines.
+ */
+#ifndef DF_KERNELS_KERN_H
+#define DF_KERNELS_KERN_H
+
+#include <stddef.h>
+
+#include "kernels/dtype.h"
+
+typedef struct kern_ops {
+    const char *name; /* "scalar", "avx2", "avx512", "neon" */
+    /* y[t*ldy + (r - r0)] = dot(W[r, :], x[t*ldx + :]) for r in [r0, r1), t in [0, T).
+     * scratch: at least w->cols floats, 64-byte aligned, owned by the calling thread. */
+    void (*matmul)(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                   float *scratch);
+    /* seq64 dot product of two float32 vectors. */
+    float (*dot)(const float *a, const float *b, int n);
+    /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
+    void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
+} kern_ops;
+
+extern const kern_ops kern_scalar;
+/* NULL when this build or this CPU cannot run them. */
+const kern_ops *kern_avx2(void);
+const kern_ops *kern_avx512(void);
+const kern_ops *kern_neon(void);
+
+/* The fastest table this CPU supports, or the one named by `name` ("scalar", "avx2", ...;
+ * NULL or "auto" = fastest). Returns NULL if the named table is not available here. */
+const kern_ops *kern_select(const char *name);
+
+/* The seq64 reduction tree over acc[64] (shared by the scalar kernels and by tests). */
+float kern_seq64_reduce(float acc[64]);
+
+#endif

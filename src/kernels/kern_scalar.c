@@ -1,0 +1,42 @@
+/* kern_scalar.c — the reference kernels: the seq64 order of kern.h written out literally.
+ * Compiled without any SIMD flags and with -ffp-contract=off, so fmaf() is the only fused
+ * operation and every other + and * rounds on its own, as the contract says. */
+#include <math.h>
+
+#include "kernels/kern.h"
+
+float kern_seq64_reduce(float acc[64])
+{
+    for (int h = 32; h >= 1; h /= 2)
+        for (int j = 0; j < h; j++)
+            acc[j] = acc[j] + acc[j + h];
+    return acc[0];
+}
+
+static float scalar_dot(const float *a, const float *b, int n)
+{
+    float acc[64] = {0};
+    for (int i = 0; i < n; i++)
+        acc[i & 63] = fmaf(a[i], b[i], acc[i & 63]);
+    return kern_seq64_reduce(acc);
+}
+
+static void scalar_decode_rows(const kmat *w, int r0, int r1, float *out)
+{
+    const wfmt_info *f = &wfmt_table[w->fmt];
+    for (int r = r0; r < r1; r++)
+        f->decode(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
+}
+
+static void scalar_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                          float *scratch)
+{
+    const wfmt_info *f = &wfmt_table[w->fmt];
+    for (int r = r0; r < r1; r++) {
+        f->decode(w, r, 0, w->cols, scratch);
+        for (int t = 0; t < T; t++)
+            y[(size_t)t * ldy + (size_t)(r - r0)] = scalar_dot(scratch, x + (size_t)t * ldx, w->cols);
+    }
+}
+
+const kern_ops kern_scalar = {"scalar", scalar_matmul, scalar_dot, scalar_decode_rows};

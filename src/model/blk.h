@@ -1,0 +1,69 @@
+/* blk.h — the building blocks of a forward pass over T positions of one sequence.
+ *
+ * One file per block kind (blk_kda.c, blk_mla.c, blk_gqa.c, blk_ffn.c, blk_moe.c) plus the
+ * shared pieces in blk_common.c (matmul over the thread pool, RMSNorm, activations, RoPE,
+ * AttnRes mixing). Every block reads x[T][H] and writes out[T][H]; what it keeps across
+ * passes lives in its layer_state.
+ *
+ * Batch invariance: every value a block computes for position t depends only on position t's
+ * inputs, the state before the pass, and positions before t, each combined in one fixed order
+ * (kern.h for reductions; plain left-to-right loops elsewhere). So splitting a prompt into
+ * chunks, or running with more threads, never changes a bit.
+ *
+ * Scratch comes from the pass arena (ar) and the pool's per-thread buffers; blocks never call
+ * malloc.
+ */
+#ifndef DF_MODEL_BLK_H
+#define DF_MODEL_BLK_H
+
+#include <math.h>
+
+#include "base/arena.h"
+#include "base/err.h"
+#include "base/pool.h"
+#include "kernels/kern.h"
+#include "model/model.h"
+
+/* Per-layer decode state of one sequence. */
+typedef struct layer_state {
+    float *S;     /* KDA: [kda_heads][kda_dim (k)][kda_dim (v)] recurrent state */
+    float *conv;  /* KDA: [3 (q,k,v)][conv_k - 1][P] last pre-conv inputs, oldest first */
+    float *kv;    /* MLA: [cap][kv_lora + qk_rope] (normed latent, key rope part)
+                     GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
+} layer_state;
+
+typedef struct blk {
+    const model *m;
+    const hparams *hp;
+    const kern_ops *k;
+    pool *pool;
+    arena *ar;       /* pass scratch */
+    errbuf *err;
+} blk;
+
+/* Float scratch from the pass arena; NULL (with b->err set) if the arena is exhausted. */
+float *blk_alloc(const blk *b, size_t nfloats);
+
+/* y[t][r] = W[r] . x[t] for T rows of x (contiguous [T][cols]) into y [T][rows], rows split
+ * over the pool. */
+void blk_matmul(const blk *b, const kmat *w, const float *x, int T, float *y);
+/* y = x / sqrt(mean(x^2) + eps) * w, row by row ([T][n]); y may alias x. w may be NULL. */
+void blk_rmsnorm(const blk *b, const float *x, const float *w, int T, int n, float eps, float *y);
+/* a[i] = act(gate[i], up[i]) (SiLU-GLU or SiTU-GLU per hp), in place into gate. */
+void blk_glu(const hparams *hp, float *gate, const float *up, size_t n);
+/* RoPE: cs[0 .. d/2) = cos, cs[d/2 .. d) = sin of position pos (yarn amplitude included);
+ * apply rotates one vector of hp->rope_dim values in place (interleaved or half pairs). */
+void blk_rope_table(const hparams *hp, int pos, float *cs);
+void blk_rope_apply(const hparams *hp, float *v, const float *cs);
+/* AttnRes: out = sum_j softmax_j(u . v_j / rms(v_j)) v_j over sources src[0..n), n >= 1. */
+void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out);
+
+static inline float blk_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out);
+int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
+int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
+int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
+int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out);
+
+#endif

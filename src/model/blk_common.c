@@ -1,0 +1,128 @@
+/* blk_common.c — pieces every block uses: pooled matmul, RMSNorm, GLU activations, RoPE,
+ * AttnRes mixing. */
+#include <string.h>
+
+#include "model/blk.h"
+
+float *blk_alloc(const blk *b, size_t n)
+{
+    float *p = arena_alloc(b->ar, n * sizeof(float));
+    if (!p)
+        errbuf_set(b->err, "pass scratch exhausted (%zu floats more; arena %zu of %zu bytes used)", n, b->ar->used,
+                   b->ar->cap);
+    return p;
+}
+
+struct mm_job {
+    const kern_ops *k;
+    const kmat *w;
+    const float *x;
+    int T;
+    float *y;
+    pool *pool;
+};
+
+static void mm_run(void *ctx, int r0, int r1, int tid)
+{
+    struct mm_job *j = ctx;
+    j->k->matmul(j->w, r0, r1, j->x, (size_t)j->w->cols, j->T, j->y + r0, (size_t)j->w->rows,
+                 pool_scratch(j->pool, tid));
+}
+
+/* Below this many multiply-adds a matmul runs on the calling thread: waking the pool costs more.
+ * Which thread computes a row never changes its bits. */
+enum { MM_PARALLEL_MIN = 1 << 16 };
+
+void blk_matmul(const blk *b, const kmat *w, const float *x, int T, float *y)
+{
+    struct mm_job j = {b->k, w, x, T, y, b->pool};
+    if ((size_t)w->rows * (size_t)w->cols * (size_t)T < MM_PARALLEL_MIN || pool_size(b->pool) == 1)
+        mm_run(&j, 0, w->rows, 0);
+    else
+        pool_for(b->pool, w->rows, mm_run, &j);
+}
+
+void blk_rmsnorm(const blk *b, const float *x, const float *w, int T, int n, float eps, float *y)
+{
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * n;
+        float *yt = y + (size_t)t * n;
+        float ss = b->k->dot(xt, xt, n);
+        float r = 1.0f / sqrtf(ss / (float)n + eps);
+        if (w)
+            for (int i = 0; i < n; i++)
+                yt[i] = xt[i] * r * w[i];
+        else
+            for (int i = 0; i < n; i++)
+                yt[i] = xt[i] * r;
+    }
+}
+
+void blk_glu(const hparams *hp, float *gate, const float *up, size_t n)
+{
+    if (hp->act == ACT_SITU) { /* [b tanh(g/b) sigmoid(g)] [bl tanh(u/bl)], sigmoid of the raw g */
+        float bt = hp->situ_beta, bl = hp->situ_linear_beta;
+        for (size_t i = 0; i < n; i++) {
+            float g = gate[i];
+            gate[i] = (bt * tanhf(g / bt) * blk_sigmoid(g)) * (bl * tanhf(up[i] / bl));
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g * blk_sigmoid(g) * up[i];
+    }
+}
+
+void blk_rope_table(const hparams *hp, int pos, float *cs)
+{
+    int h = hp->rope_dim / 2;
+    for (int i = 0; i < h; i++) {
+        float ang = (float)pos * hp->rope_inv_freq[i]; /* HF: float32 product */
+        cs[i] = (float)cos((double)ang) * hp->rope_attn_factor;
+        cs[h + i] = (float)sin((double)ang) * hp->rope_attn_factor;
+    }
+}
+
+void blk_rope_apply(const hparams *hp, float *v, const float *cs)
+{
+    int h = hp->rope_dim / 2;
+    const float *c = cs, *s = cs + h;
+    if (hp->rope == ROPE_INTERLEAVED) {
+        for (int i = 0; i < h; i++) {
+            float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c[i] - b * s[i];
+            v[2 * i + 1] = b * c[i] + a * s[i];
+        }
+    } else {
+        for (int i = 0; i < h; i++) {
+            float a = v[i], b = v[i + h];
+            v[i] = a * c[i] - b * s[i];
+            v[i + h] = b * c[i] + a * s[i];
+        }
+    }
+}
+
+enum { ATTNRES_MAX_SRC = 64 };
+
+void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out)
+{
+    float s[ATTNRES_MAX_SRC], mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float ss = b->k->dot(src[j], src[j], H);
+        float r = 1.0f / sqrtf(ss / (float)H + b->hp->rms_eps);
+        s[j] = b->k->dot(src[j], u, H) * r; /* keys RMS-normed, values raw */
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int i = 0; i < H; i++)
+        out[i] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float a = s[j] / sum;
+        for (int i = 0; i < H; i++)
+            out[i] += a * src[j][i];
+    }
+}

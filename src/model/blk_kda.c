@@ -1,0 +1,144 @@
+/* blk_kda.c — Kimi Delta Attention over T positions: projections, short causal conv with its
+ * state, then per head the exact recurrence (never chunked, so prefill and decode compute the
+ * same numbers):
+ *
+ *   S <- diag(alpha) S            decay the key rows first
+ *   u  = S^T k                    predict with the decayed state
+ *   S <- S + k (beta (v - u))^T   delta-rule write
+ *   o  = S^T q                    read the updated state
+ *
+ * then per head RMSNorm(o) * o_norm * sigmoid(gate) and o_proj. alpha = exp(g) with
+ * g = lb * sigmoid(A (f + dt_bias)) (K3, lower-bound gate) or -A softplus(f + dt_bias)
+ * (Kimi-Linear). q and k are L2-normalised (eps 1e-6 inside the root), q scaled by dk^-1/2.
+ * Heads run in parallel; each head's loop over t is sequential.
+ */
+#include <string.h>
+
+#include "model/blk.h"
+
+/* Causal depthwise conv + SiLU over T positions for one of q/k/v, in place in u[T][P].
+ * win holds the last K-1 raw inputs (oldest first) and is advanced. */
+static void short_conv(const float *wt, int K, int P, float *win, float *u, int T, float *tmp)
+{
+    for (int c = 0; c < P; c++) {
+        /* tmp = [win[0..K-2][c], u[0..T-1][c]] */
+        for (int j = 0; j < K - 1; j++)
+            tmp[j] = win[(size_t)j * P + c];
+        for (int t = 0; t < T; t++)
+            tmp[K - 1 + t] = u[(size_t)t * P + c];
+        const float *w = wt + (size_t)c * K;
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++)
+                acc += w[j] * tmp[t + j];
+            u[(size_t)t * P + c] = acc * blk_sigmoid(acc);
+        }
+        for (int j = 0; j < K - 1; j++)
+            win[(size_t)j * P + c] = tmp[T + j];
+    }
+}
+
+struct kda_job {
+    const blk *b;
+    const kda_w *w;
+    layer_state *st;
+    const float *q, *k, *v, *f, *beta, *gate;
+    float *o;
+    int T;
+};
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void kda_heads(void *ctx, int h0, int h1, int tid)
+{
+    struct kda_job *j = ctx;
+    const hparams *hp = j->b->hp;
+    int d = hp->kda_dim, P = hp->kda_heads * d;
+    float *scr = pool_scratch(j->b->pool, tid);
+    float *q = scr, *k = q + d, *alpha = k + d, *u = alpha + d, *o = u + d;
+    float qscale = 1.0f / sqrtf((float)d);
+    for (int h = h0; h < h1; h++) {
+        float *S = j->st->S + (size_t)h * d * d;
+        for (int t = 0; t < j->T; t++) {
+            size_t base = (size_t)t * P + (size_t)h * d;
+            const float *v = j->v + base;
+            float qn = 0.0f, kn = 0.0f;
+            for (int i = 0; i < d; i++) {
+                qn += j->q[base + i] * j->q[base + i];
+                kn += j->k[base + i] * j->k[base + i];
+            }
+            float qr = 1.0f / sqrtf(qn + 1e-6f), kr = 1.0f / sqrtf(kn + 1e-6f);
+            for (int i = 0; i < d; i++) {
+                q[i] = j->q[base + i] * qr * qscale;
+                k[i] = j->k[base + i] * kr;
+                float z = j->f[base + i] + j->w->dt_bias[h * d + i], g;
+                if (hp->kda_gate == KDA_GATE_LOWER_BOUND)
+                    g = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
+                else
+                    g = -j->w->A[h] * softplus(z);
+                alpha[i] = expf(g);
+            }
+            float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
+            for (int i = 0; i < d; i++)
+                u[i] = 0.0f;
+            for (int r = 0; r < d; r++) { /* decay row r, accumulate the prediction */
+                float *Sr = S + (size_t)r * d, a = alpha[r], kr_ = k[r];
+                for (int c = 0; c < d; c++) {
+                    Sr[c] *= a;
+                    u[c] += Sr[c] * kr_;
+                }
+            }
+            for (int c = 0; c < d; c++) {
+                u[c] = beta * (v[c] - u[c]); /* the delta to write */
+                o[c] = 0.0f;
+            }
+            for (int r = 0; r < d; r++) { /* write, then read the updated row */
+                float *Sr = S + (size_t)r * d, kr_ = k[r], qr_ = q[r];
+                for (int c = 0; c < d; c++) {
+                    Sr[c] += kr_ * u[c];
+                    o[c] += Sr[c] * qr_;
+                }
+            }
+            /* gated RMSNorm over the head, norm before gate */
+            float ss = 0.0f;
+            for (int c = 0; c < d; c++)
+                ss += o[c] * o[c];
+            float rn = 1.0f / sqrtf(ss / (float)d + hp->rms_eps);
+            float *out = j->o + base;
+            for (int c = 0; c < d; c++)
+                out[c] = o[c] * rn * j->w->o_norm[c] * blk_sigmoid(j->gate[base + c]);
+        }
+    }
+}
+
+int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim, K = hp->conv_k;
+    float *q = blk_alloc(b, (size_t)T * P), *k = blk_alloc(b, (size_t)T * P), *v = blk_alloc(b, (size_t)T * P);
+    float *fa = blk_alloc(b, (size_t)T * w->f_a.rows), *f = blk_alloc(b, (size_t)T * P);
+    float *beta = blk_alloc(b, (size_t)T * hp->kda_heads), *gate = blk_alloc(b, (size_t)T * P);
+    float *o = blk_alloc(b, (size_t)T * P), *tmp = blk_alloc(b, (size_t)T + (size_t)K);
+    float *ga = hp->kda_full_gate ? NULL : blk_alloc(b, (size_t)T * w->g_a.rows);
+    if (!q || !k || !v || !fa || !f || !beta || !gate || !o || !tmp || (!hp->kda_full_gate && !ga))
+        return -1;
+    blk_matmul(b, &w->q, x, T, q);
+    blk_matmul(b, &w->k, x, T, k);
+    blk_matmul(b, &w->v, x, T, v);
+    blk_matmul(b, &w->f_a, x, T, fa);
+    blk_matmul(b, &w->f_b, fa, T, f);
+    blk_matmul(b, &w->b, x, T, beta);
+    if (hp->kda_full_gate) {
+        blk_matmul(b, &w->g, x, T, gate);
+    } else {
+        blk_matmul(b, &w->g_a, x, T, ga);
+        blk_matmul(b, &w->g_b, ga, T, gate);
+    }
+    float *proj[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        short_conv(w->conv[i], K, P, st->conv + (size_t)i * (K - 1) * P, proj[i], T, tmp);
+    struct kda_job j = {b, w, st, q, k, v, f, beta, gate, o, T};
+    pool_for(b->pool, hp->kda_heads, kda_heads, &j);
+    blk_matmul(b, &w->o, o, T, out);
+    return 0;
+}

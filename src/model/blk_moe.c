@@ -1,0 +1,161 @@
+/* blk_moe.c — mixture of experts over T positions.
+ *
+ * Router per position (float32): sigmoid scores with an optional selection bias and grouped
+ * top-k (DeepSeek/Kimi), or softmax over all experts then top-k (Qwen3-MoE). The weights are
+ * the unbiased scores, renormalised when configured (+1e-20 for sigmoid), times
+ * routed_scaling_factor. Each position's chosen experts are kept sorted by expert id: that is
+ * the order their outputs are summed in, whatever order the experts were computed in, so the
+ * result does not depend on T or on scheduling.
+ *
+ * Experts run once per pass over the positions that chose them (the union over T). K3's latent
+ * MoE projects h down to the latent width first, normalises the weighted sum, projects back
+ * up; shared experts read the full-width h and are added unweighted.
+ */
+#include <string.h>
+
+#include "model/blk.h"
+
+/* Top-k of v[0..n) (descending; ties keep the lower index), k <= n. */
+static void topk(const float *v, int n, int k, int *idx)
+{
+    for (int j = 0; j < k; j++)
+        idx[j] = -1;
+    for (int i = 0; i < n; i++) {
+        if (v[i] == -INFINITY && k > 0 && idx[k - 1] >= 0)
+            continue;
+        int pos = k;
+        while (pos > 0 && (idx[pos - 1] < 0 || v[i] > v[idx[pos - 1]]))
+            pos--;
+        if (pos >= k)
+            continue;
+        memmove(idx + pos + 1, idx + pos, sizeof(int) * (size_t)(k - 1 - pos));
+        idx[pos] = i;
+    }
+}
+
+static void route(const hparams *hp, const moe_w *w, const float *logit, float *tmp, int *sel, float *wt)
+{
+    int E = hp->n_experts, K = hp->top_k;
+    float *score = tmp, *choice = tmp + E;
+    if (hp->router == ROUTER_SOFTMAX) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++)
+            mx = logit[e] > mx ? logit[e] : mx;
+        for (int e = 0; e < E; e++) {
+            score[e] = expf(logit[e] - mx);
+            sum += score[e];
+        }
+        for (int e = 0; e < E; e++)
+            score[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++)
+            score[e] = blk_sigmoid(logit[e]);
+    }
+    for (int e = 0; e < E; e++)
+        choice[e] = score[e] + (w->bias ? w->bias[e] : 0.0f);
+    if (hp->n_group > 1) { /* keep the topk_group groups with the best top-2 sums */
+        int G = hp->n_group, per = E / G, gsel[64], top2[2];
+        float gscore[64];
+        for (int g = 0; g < G; g++) {
+            topk(choice + g * per, per, 2, top2);
+            gscore[g] = choice[g * per + top2[0]] + choice[g * per + top2[1]];
+        }
+        topk(gscore, G, hp->topk_group, gsel);
+        for (int g = 0; g < G; g++) {
+            int keep = 0;
+            for (int j = 0; j < hp->topk_group; j++)
+                keep |= gsel[j] == g;
+            if (!keep)
+                for (int e = g * per; e < (g + 1) * per; e++)
+                    choice[e] = -INFINITY;
+        }
+    }
+    topk(choice, E, K, sel);
+    /* ascending expert id: the summation order of this position's experts */
+    for (int a = 1; a < K; a++)
+        for (int c = a; c > 0 && sel[c] < sel[c - 1]; c--) {
+            int t = sel[c];
+            sel[c] = sel[c - 1];
+            sel[c - 1] = t;
+        }
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) {
+        wt[j] = score[sel[j]];
+        sum += wt[j];
+    }
+    if (hp->norm_topk && K > 1) {
+        float den = hp->router == ROUTER_SIGMOID ? sum + 1e-20f : sum;
+        for (int j = 0; j < K; j++)
+            wt[j] /= den;
+    }
+    for (int j = 0; j < K; j++)
+        wt[j] *= hp->routed_scale;
+}
+
+int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
+    float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, 2 * (size_t)E);
+    float *wt = blk_alloc(b, (size_t)T * K), *slots = blk_alloc(b, (size_t)T * K * D);
+    int *sel = (int *)blk_alloc(b, (size_t)T * K), *rows = (int *)blk_alloc(b, (size_t)T);
+    int *slot_of = (int *)blk_alloc(b, (size_t)T);
+    float *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
+    float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
+    float *g = blk_alloc(b, (size_t)T * I), *u = blk_alloc(b, (size_t)T * I);
+    float *r = blk_alloc(b, (size_t)T * D);
+    if (!logit || !tmp || !wt || !slots || !sel || !rows || !slot_of || (hp->latent && !xe) || !gx || !gy || !g ||
+        !u || !r)
+        return -1;
+    blk_matmul(b, &w->router, x, T, logit);
+    for (int t = 0; t < T; t++)
+        route(hp, w, logit + (size_t)t * E, tmp, sel + (size_t)t * K, wt + (size_t)t * K);
+    if (hp->latent)
+        blk_matmul(b, &w->lat_down, x, T, xe);
+    const float *xin = hp->latent ? xe : x;
+    for (int e = 0; e < E; e++) { /* each chosen expert once, over its positions */
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (sel[(size_t)t * K + j] == e) {
+                    rows[n] = t;
+                    slot_of[n] = j;
+                    memcpy(gx + (size_t)n * D, xin + (size_t)t * D, sizeof(float) * (size_t)D);
+                    n++;
+                }
+        if (n == 0)
+            continue;
+        const mlp_w *ex = &w->experts[e];
+        blk_matmul(b, &ex->gate, gx, n, g);
+        blk_matmul(b, &ex->up, gx, n, u);
+        blk_glu(hp, g, u, (size_t)n * I);
+        blk_matmul(b, &ex->down, g, n, gy);
+        for (int i = 0; i < n; i++)
+            memcpy(slots + ((size_t)rows[i] * K + slot_of[i]) * D, gy + (size_t)i * D, sizeof(float) * (size_t)D);
+    }
+    for (int t = 0; t < T; t++) {
+        float *rt = r + (size_t)t * D;
+        for (int i = 0; i < D; i++)
+            rt[i] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            const float *y = slots + ((size_t)t * K + j) * D;
+            float a = wt[(size_t)t * K + j];
+            for (int i = 0; i < D; i++)
+                rt[i] += a * y[i];
+        }
+    }
+    if (hp->latent) {
+        blk_rmsnorm(b, r, w->lat_norm, T, D, hp->rms_eps, r);
+        blk_matmul(b, &w->lat_up, r, T, out);
+    } else {
+        memcpy(out, r, sizeof(float) * (size_t)T * H);
+    }
+    if (hp->n_shared > 0) {
+        float *sh = blk_alloc(b, (size_t)T * H);
+        if (!sh || blk_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
+            return -1;
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            out[i] += sh[i];
+    }
+    return 0;
+}

@@ -1,0 +1,87 @@
+/* fam_common.c — tensor binders shared by the family adapters: MLA attention, a gated MLP,
+ * and routed experts in either on-disk layout. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/config.h"
+
+int fam_bind_mla(model *m, const char *p, mla_w *w, errbuf *err)
+{
+    const hparams *hp = &m->hp;
+    int H = hp->hidden, nh = hp->n_heads, qd = hp->qk_nope + hp->qk_rope, r = hp->kv_lora_rank;
+    if (hp->q_lora_rank > 0) {
+        if (model_mat(m, &w->q_a, hp->q_lora_rank, H, err, "%sq_a_proj", p) ||
+            model_vec(m, &w->q_a_norm, hp->q_lora_rank, 0, err, "%sq_a_layernorm.weight", p) ||
+            model_mat(m, &w->q_b, nh * qd, hp->q_lora_rank, err, "%sq_b_proj", p))
+            return -1;
+    } else if (model_mat(m, &w->q, nh * qd, H, err, "%sq_proj", p)) {
+        return -1;
+    }
+    if (model_mat(m, &w->kv_a, r + hp->qk_rope, H, err, "%skv_a_proj_with_mqa", p) ||
+        model_vec(m, &w->kv_a_norm, r, 0, err, "%skv_a_layernorm.weight", p) ||
+        model_mat(m, &w->kv_b, nh * (hp->qk_nope + hp->v_head), r, err, "%skv_b_proj", p) ||
+        model_mat(m, &w->o, H, nh * hp->v_head, err, "%so_proj", p))
+        return -1;
+    if (hp->mla_out_gate && model_mat(m, &w->g, nh * hp->v_head, H, err, "%sg_proj", p))
+        return -1;
+    return 0;
+}
+
+int fam_bind_mlp(model *m, mlp_w *w, int inter, int width, errbuf *err, const char *p, const char *gate,
+                 const char *up, const char *down)
+{
+    return model_mat(m, &w->gate, inter, width, err, "%s%s", p, gate) ||
+                   model_mat(m, &w->up, inter, width, err, "%s%s", p, up) ||
+                   model_mat(m, &w->down, width, inter, err, "%s%s", p, down)
+               ? -1
+               : 0;
+}
+
+
+static int fmt_of(int st)
+{
+    return st == ST_BF16 ? WF_BF16 : st == ST_F16 ? WF_F16 : st == ST_F32 ? WF_F32 : -1;
+}
+
+int fam_bind_experts(model *m, const char *p, moe_w *moe, int width, errbuf *err)
+{
+    const hparams *hp = &m->hp;
+    int E = hp->n_experts, I = hp->moe_inter;
+    moe->experts = calloc((size_t)E, sizeof *moe->experts);
+    if (!moe->experts)
+        return errbuf_set(err, "%s: out of memory", m->dir);
+    if (!model_has(m, "%sexperts.gate_up_proj", p)) {
+        for (int e = 0; e < E; e++) {
+            char ep[500];
+            snprintf(ep, sizeof ep, "%sexperts.%d.", p, e);
+            if (fam_bind_mlp(m, &moe->experts[e], I, width, err, ep, "gate_proj", "up_proj", "down_proj"))
+                return -1;
+        }
+        return 0;
+    }
+    char n1[500], n2[500];
+    snprintf(n1, sizeof n1, "%sexperts.gate_up_proj", p);
+    snprintf(n2, sizeof n2, "%sexperts.down_proj", p);
+    const st_tensor *gu = st_find(&m->st, n1), *dn = st_find(&m->st, n2);
+    if (!dn)
+        return errbuf_set(err, "%s: missing tensor '%s'", m->dir, n2);
+    int fg = fmt_of(gu->dtype), fd = fmt_of(dn->dtype);
+    if (fg < 0 || fd < 0)
+        return errbuf_set(err, "%s: fused experts '%s' must be BF16, F16 or F32", m->dir, n1);
+    if (gu->ndim != 3 || gu->shape[0] != E || gu->shape[1] != 2 * I || gu->shape[2] != width)
+        return errbuf_set(err, "%s: tensor '%s' must have shape [%d, %d, %d]", m->dir, n1, E, 2 * I, width);
+    if (dn->ndim != 3 || dn->shape[0] != E || dn->shape[1] != width || dn->shape[2] != I)
+        return errbuf_set(err, "%s: tensor '%s' must have shape [%d, %d, %d]", m->dir, n2, E, width, I);
+    size_t gs = (size_t)st_dtype_size(gu->dtype), ds = (size_t)st_dtype_size(dn->dtype);
+    for (int e = 0; e < E; e++) {
+        const uint8_t *g = gu->data + (size_t)e * 2 * I * width * gs;
+        kmat_init(&moe->experts[e].gate, fg, I, width, g, NULL);
+        kmat_init(&moe->experts[e].up, fg, I, width, g + (size_t)I * width * gs, NULL);
+        kmat_init(&moe->experts[e].down, fd, width, I, dn->data + (size_t)e * width * I * ds, NULL);
+    }
+    if ((size_t)width > m->max_cols)
+        m->max_cols = (size_t)width;
+    if ((size_t)I > m->max_cols)
+        m->max_cols = (size_t)I;
+    return 0;
+}

@@ -1,0 +1,232 @@
+/* test_kernels.c — format decoders against known values, and every SIMD kernel against the
+ * scalar reference with memcmp (the seq64 contract of kern.h: same bits on every ISA). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "kernels/kern.h"
+#include "test.h"
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, 4) == 0; }
+
+TEST(dtype_mxfp4_table)
+{
+    static const float want[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int c = 0; c < 16; c++)
+        CHECKF(same_bits(e2m1_table[c], want[c]), "code %d", c);
+    CHECK(signbit(e2m1_table[8]) && e2m1_table[8] == 0.0f); /* -0 */
+    CHECK(e8m0_to_f32(127) == 1.0f);
+    CHECK(e8m0_to_f32(128) == 2.0f);
+    CHECK(e8m0_to_f32(1) == ldexpf(1.0f, -126));
+    CHECK(e8m0_to_f32(0) == ldexpf(1.0f, -127)); /* subnormal float, still exact */
+    CHECK(e8m0_to_f32(254) == ldexpf(1.0f, 127));
+    CHECK(isnan(e8m0_to_f32(255)));
+    /* a packed byte: low nibble = even column */
+    uint8_t packed[16] = {0x8F, 0x21}, scale[1] = {126}; /* codes: col0=F(-6) col1=8(-0) col2=1 col3=2 */
+    kmat m;
+    kmat_init(&m, WF_MXFP4, 1, 32, packed, scale);
+    float out[32];
+    wfmt_table[WF_MXFP4].decode(&m, 0, 0, 32, out);
+    CHECK(out[0] == -3.0f && same_bits(out[1], -0.0f) && out[2] == 0.25f && out[3] == 0.5f);
+}
+
+TEST(dtype_e4m3)
+{
+    CHECK(e4m3_to_f32(0x00) == 0.0f && !signbit(e4m3_to_f32(0x00)));
+    CHECK(e4m3_to_f32(0x80) == 0.0f && signbit(e4m3_to_f32(0x80)));
+    CHECK(e4m3_to_f32(0x01) == ldexpf(1.0f, -9)); /* smallest subnormal */
+    CHECK(e4m3_to_f32(0x07) == 7.0f * ldexpf(1.0f, -9));
+    CHECK(e4m3_to_f32(0x08) == ldexpf(1.0f, -6)); /* smallest normal */
+    CHECK(e4m3_to_f32(0x38) == 1.0f);
+    CHECK(e4m3_to_f32(0x7E) == 448.0f);
+    CHECK(e4m3_to_f32(0xFE) == -448.0f);
+    CHECK(isnan(e4m3_to_f32(0x7F)) && isnan(e4m3_to_f32(0xFF)));
+    CHECK(e4m3_to_f32(0x77) == 240.0f); /* e=14, m=7: 1.875 * 2^7 */
+}
+
+TEST(dtype_int4_signs)
+{
+    /* word 0 holds columns 0..7 low nibble first; nibble u means u - 8 */
+    uint32_t words[4] = {0x76543210u, 0xFEDCBA98u, 0, 0};
+    uint16_t scale[1] = {0x3F80}; /* bf16 1.0 */
+    kmat m;
+    kmat_init(&m, WF_INT4G32, 1, 32, words, scale);
+    float out[32];
+    wfmt_table[WF_INT4G32].decode(&m, 0, 0, 32, out);
+    for (int c = 0; c < 16; c++)
+        CHECKF(out[c] == (float)(c - 8), "col %d: %g", c, out[c]);
+    for (int c = 16; c < 32; c++)
+        CHECK(out[c] == -8.0f);
+}
+
+TEST(dtype_f16_bf16)
+{
+    CHECK(f16_to_f32(0x3C00) == 1.0f);
+    CHECK(f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    CHECK(f16_to_f32(0x7BFF) == 65504.0f);
+    CHECK(isinf(f16_to_f32(0x7C00)) && isnan(f16_to_f32(0x7E00)));
+    CHECK(bf16_to_f32(0x3F80) == 1.0f && bf16_to_f32(0xC000) == -2.0f);
+    CHECK(f32_to_bf16(1.0f) == 0x3F80);
+    CHECK(f32_to_bf16(1.00390625f) == 0x3F80); /* tie rounds to even */
+    CHECK(f32_to_bf16(1.01171875f) == 0x3F82);
+}
+
+/* Random weights of every format for a rows x cols matrix; returns owned data + scale. */
+static void random_matrix(rng *r, int fmt, int rows, int cols, kmat *m, void **data, void **scale)
+{
+    size_t db = wfmt_data_bytes(fmt, rows, cols), sb = wfmt_scale_bytes(fmt, rows, cols);
+    uint8_t *d = malloc(db + 1), *s = sb ? malloc(sb) : NULL;
+    for (size_t i = 0; i < db; i++)
+        d[i] = (uint8_t)rng_next(r);
+    if (fmt == WF_BF16 || fmt == WF_F16 || fmt == WF_F32) { /* finite values near 1 */
+        for (size_t i = 0; i < (size_t)rows * cols; i++) {
+            float v = (float)rng_normal(r);
+            if (fmt == WF_F32)
+                memcpy(d + 4 * i, &v, 4);
+            else if (fmt == WF_BF16) {
+                uint16_t h = f32_to_bf16(v);
+                memcpy(d + 2 * i, &h, 2);
+            } else {
+                uint16_t h = (uint16_t)(0x3000 + (rng_next(r) % 0x1000)) | (uint16_t)((rng_next(r) & 1) << 15);
+                memcpy(d + 2 * i, &h, 2);
+            }
+        }
+    }
+    if (fmt == WF_FP8B128) /* avoid the two NaN codes in the random fill except on purpose */
+        for (size_t i = 0; i < db; i++)
+            if ((d[i] & 0x7F) == 0x7F && rng_next(r) % 8)
+                d[i] ^= 1;
+    for (size_t i = 0; i < sb; i++)
+        s[i] = (uint8_t)rng_next(r);
+    if (fmt == WF_MXFP4)
+        for (size_t i = 0; i < sb; i++)
+            s[i] = (uint8_t)(110 + rng_next(r) % 30);
+    if (fmt == WF_INT4G32)
+        for (size_t i = 0; i < sb / 2; i++) {
+            uint16_t h = f32_to_bf16((float)(0.01 + 0.1 * fabs(rng_normal(r))));
+            memcpy(s + 2 * i, &h, 2);
+        }
+    if (fmt == WF_FP8B128)
+        for (size_t i = 0; i < sb / 4; i++) {
+            float v = (float)(0.001 + 0.01 * fabs(rng_normal(r)));
+            memcpy(s + 4 * i, &v, 4);
+        }
+    kmat_init(m, fmt, rows, cols, d, s);
+    *data = d;
+    *scale = s;
+}
+
+static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, int cols, int T, uint64_t seed)
+{
+    rng r;
+    rng_seed(&r, seed);
+    kmat m;
+    void *d, *s;
+    random_matrix(&r, fmt, rows, cols, &m, &d, &s);
+    float *x = malloc(sizeof(float) * (size_t)T * cols);
+    for (int i = 0; i < T * cols; i++)
+        x[i] = (float)rng_normal(&r);
+    float *ya = calloc((size_t)T * rows, 4), *yb = calloc((size_t)T * rows, 4);
+    float *scratch = aligned_alloc(64, ((size_t)cols * 4 + 63) / 64 * 64);
+    a->matmul(&m, 0, rows, x, (size_t)cols, T, ya, (size_t)rows, scratch);
+    b->matmul(&m, 0, rows, x, (size_t)cols, T, yb, (size_t)rows, scratch);
+    int ok = memcmp(ya, yb, sizeof(float) * (size_t)T * rows) == 0;
+    /* T = 1 on each token must give the same bits as one T pass (batch invariance) */
+    for (int t = 0; t < T && ok; t++) {
+        float *y1 = calloc((size_t)rows, 4);
+        b->matmul(&m, 0, rows, x + (size_t)t * cols, (size_t)cols, 1, y1, (size_t)rows, scratch);
+        ok = memcmp(y1, ya + (size_t)t * rows, sizeof(float) * (size_t)rows) == 0;
+        free(y1);
+    }
+    /* a row range gives the same bits as the full matrix (thread split) */
+    if (ok && rows > 2) {
+        float *yp = calloc((size_t)T * rows, 4);
+        b->matmul(&m, 1, rows - 1, x, (size_t)cols, T, yp, (size_t)rows, scratch);
+        for (int t = 0; t < T && ok; t++)
+            ok = memcmp(yp + (size_t)t * rows, ya + (size_t)t * rows + 1, sizeof(float) * (size_t)(rows - 2)) == 0;
+        free(yp);
+    }
+    free(d);
+    free(s);
+    free(x);
+    free(ya);
+    free(yb);
+    free(scratch);
+    return ok;
+}
+
+static void check_isa(const kern_ops *k)
+{
+    if (!k)
+        return; /* not on this CPU */
+    static const int shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {7, 160}, {2, 224}, {9, 1056}, {130, 256}};
+    static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 200, 1000, 4099};
+    for (int fmt = 0; fmt < WF_COUNT; fmt++) {
+        for (int T = 1; T <= 3; T += 2) {
+            if (fmt == WF_MXFP4 || fmt == WF_INT4G32) {
+                for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                    CHECKF(compare_ops(&kern_scalar, k, fmt, shapes[i][0], shapes[i][1], T, 100 + i),
+                           "%s %s rows %d cols %d T %d differs from scalar", k->name, wfmt_table[fmt].name,
+                           shapes[i][0], shapes[i][1], T);
+            } else {
+                for (size_t i = 0; i < sizeof plain_cols / sizeof plain_cols[0]; i++) {
+                    int rows = fmt == WF_FP8B128 ? 131 : 3;
+                    CHECKF(compare_ops(&kern_scalar, k, fmt, rows, plain_cols[i], T, 200 + i),
+                           "%s %s rows %d cols %d T %d differs from scalar", k->name, wfmt_table[fmt].name, rows,
+                           plain_cols[i], T);
+                }
+            }
+        }
+    }
+    /* dot products of odd lengths */
+    rng r;
+    rng_seed(&r, 7);
+    for (int n = 0; n < 300; n += 7) {
+        float a[300], b[300];
+        for (int i = 0; i < n; i++) {
+            a[i] = (float)rng_normal(&r);
+            b[i] = (float)rng_normal(&r);
+        }
+        float x = kern_scalar.dot(a, b, n), y = k->dot(a, b, n);
+        CHECKF(same_bits(x, y), "%s dot n=%d: %a vs %a", k->name, n, x, y);
+    }
+    /* decode_rows is the exact decoder */
+    for (int fmt = 0; fmt < WF_COUNT; fmt++) {
+        kmat m;
+        void *d, *s;
+        int cols = (fmt == WF_MXFP4 || fmt == WF_INT4G32) ? 352 : 333;
+        random_matrix(&r, fmt, 5, cols, &m, &d, &s);
+        float *o1 = malloc(sizeof(float) * 5 * cols), *o2 = malloc(sizeof(float) * 5 * cols);
+        kern_scalar.decode_rows(&m, 0, 5, o1);
+        k->decode_rows(&m, 0, 5, o2);
+        int same = memcmp(o1, o2, sizeof(float) * 5 * cols) == 0;
+        free(o1);
+        free(o2);
+        free(d);
+        free(s);
+        CHECKF(same, "%s decode_rows %s differs", k->name, wfmt_table[fmt].name);
+    }
+}
+
+TEST(kern_avx2_matches_scalar) { check_isa(kern_avx2()); }
+TEST(kern_avx512_matches_scalar) { check_isa(kern_avx512()); }
+TEST(kern_neon_matches_scalar) { check_isa(kern_neon()); }
+
+TEST(kern_scalar_is_seq64)
+{
+    /* the lane and tree order is visible where rounding depends on it: 1e8 + 1 loses the 1
+     * within one lane, while a 1 in another lane survives until the tree adds it last */
+    float a[130] = {0}, b[130];
+    for (int i = 0; i < 130; i++)
+        b[i] = 1.0f;
+    a[0] = 1e8f;
+    a[64] = 1.0f; /* same lane as a[0]: fma(1, 1, 1e8) = 1e8 (1 is lost) */
+    a[128] = -1e8f;
+    float got = kern_scalar.dot(a, b, 130);
+    CHECKF(got == 0.0f, "got %g", got);
+    a[64] = 0;
+    a[1] = 1.0f; /* a different lane: survives until the tree adds lane 1 to lane 0 at h=1 */
+    got = kern_scalar.dot(a, b, 130);
+    CHECKF(got == 1.0f, "got %g", got); /* a plain left-to-right sum would give 0 */
+}
