@@ -15,6 +15,9 @@ typedef void (*test_fn)(void);
 void test_register(const char *name, test_fn fn);
 void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int test_failed(void);
+/* Marks the current test skipped (the runner prints "skip name: why" and counts it in neither
+ * total). For checks that cannot run here, e.g. an instruction set this CPU lacks. */
+void test_skip(const char *why);
 /* Path of a file under the test data folder (static buffer, valid until the next call). */
 const char *test_data(const char *rel);
 /* A fresh temporary directory for this test (removed by the runner at exit). */

@@ -158,8 +158,10 @@ static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, 
 
 static void check_isa(const kern_ops *k)
 {
-    if (!k)
-        return; /* not on this CPU */
+    if (!k) {
+        test_skip("instruction set not available on this CPU or build");
+        return;
+    }
     static const int shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {7, 160}, {2, 224}, {9, 1056}, {130, 256}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 200, 1000, 4099};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
@@ -207,6 +209,16 @@ static void check_isa(const kern_ops *k)
         free(s);
         CHECKF(same, "%s decode_rows %s differs", k->name, wfmt_table[fmt].name);
     }
+}
+
+TEST(kern_select_picks_available)
+{
+    CHECK(kern_select("scalar") == &kern_scalar);
+    CHECK(kern_select("nonsense") == NULL);
+    const kern_ops *best = kern_select(NULL);
+    CHECK(best && (best == kern_avx512() || best == kern_avx2() || best == kern_neon() || best == &kern_scalar));
+    if (kern_avx512())
+        CHECK(best == kern_avx512());
 }
 
 TEST(kern_avx2_matches_scalar) { check_isa(kern_avx2()); }

@@ -15,7 +15,8 @@ static struct {
     test_fn fn;
 } tests[MAX_TESTS];
 static int ntests;
-static int cur_failed;
+static int cur_failed, cur_skipped;
+static char skip_msg[256];
 static char cur_msg[1024];
 static char tmpdir[256];
 
@@ -41,6 +42,12 @@ void test_fail(const char *file, int line, const char *fmt, ...)
 }
 
 int test_failed(void) { return cur_failed; }
+
+void test_skip(const char *why)
+{
+    cur_skipped = 1;
+    snprintf(skip_msg, sizeof skip_msg, "%s", why);
+}
 
 const char *test_data(const char *rel)
 {
@@ -74,12 +81,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1]))
             continue;
-        cur_failed = 0;
+        cur_failed = cur_skipped = 0;
         cur_msg[0] = 0;
         double t0 = timer_now();
         tests[i].fn();
         double dt = timer_now() - t0;
-        if (cur_failed) {
+        if (cur_skipped && !cur_failed) {
+            printf("skip %s: %s\n", tests[i].name, skip_msg);
+        } else if (cur_failed) {
             fail++;
             printf("FAIL %s: %s\n", tests[i].name, cur_msg);
         } else {

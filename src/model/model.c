@@ -234,6 +234,38 @@ static void add_eos(hparams *hp, const json_t *cfg)
     }
 }
 
+int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err)
+{
+    memset(hp, 0, sizeof *hp);
+    const char *type = NULL;
+    if (!json_is_object(cfg))
+        return errbuf_set(err, "%s: not a JSON object", where);
+    if (jsonr_str(cfg, "model_type", &type, 0, where, err) != 0)
+        return -1;
+    const family *fam = family_of(type);
+    const json_t *text = cfg, *tc = json_object_get(cfg, "text_config");
+    if (json_is_object(tc)) { /* multimodal wrapper (kimi_k3, kimi_k25): the text model inside */
+        text = tc;
+        const char *inner = NULL;
+        if (!fam && jsonr_str(tc, "model_type", &inner, 1, where, err) == 0 && inner)
+            fam = family_of(inner);
+    }
+    if (!fam)
+        return errbuf_set(err,
+                          "%s: model_type '%s' is not supported (kimi_k3, kimi_linear, deepseek_v3, kimi_k2, "
+                          "kimi_k25, qwen3, qwen3_moe)",
+                          where, type);
+    snprintf(hp->arch, sizeof hp->arch, "%s", type);
+    char twhere[1300];
+    snprintf(twhere, sizeof twhere, "%s%s", where, text != cfg ? " text_config" : "");
+    if (fam->config(hp, text, twhere, err) != 0)
+        return -1;
+    add_eos(hp, text);
+    if (text != cfg)
+        add_eos(hp, cfg);
+    return 0;
+}
+
 int model_load(model *m, const char *dir, errbuf *err)
 {
     memset(m, 0, sizeof *m);
@@ -242,41 +274,12 @@ int model_load(model *m, const char *dir, errbuf *err)
         return errbuf_set(err, "%s: not a model folder", dir);
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *cfg = jsonr_load_file(path, err);
+    json_t *cfg = jsonr_load_file(path, err), *gen = NULL;
     if (!cfg)
         return -1;
     int rc = -1;
-    const char *type = NULL;
-    const json_t *text = cfg;
-    json_t *gen = NULL;
-    if (!json_is_object(cfg)) {
-        errbuf_set(err, "%s: not a JSON object", path);
+    if (model_config(&m->hp, cfg, path, err) != 0)
         goto out;
-    }
-    if (jsonr_str(cfg, "model_type", &type, 0, path, err) != 0)
-        goto out;
-    const family *fam = family_of(type);
-    const json_t *tc = json_object_get(cfg, "text_config");
-    if (json_is_object(tc)) { /* multimodal wrapper (kimi_k3, kimi_k25): the text model inside */
-        text = tc;
-        const char *inner = NULL;
-        if (!fam && jsonr_str(tc, "model_type", &inner, 1, path, err) == 0 && inner)
-            fam = family_of(inner);
-    }
-    if (!fam) {
-        errbuf_set(err, "%s: model_type '%s' is not supported (kimi_k3, kimi_linear, deepseek_v3, kimi_k2, "
-                        "kimi_k25, qwen3, qwen3_moe)",
-                   path, type);
-        goto out;
-    }
-    snprintf(m->hp.arch, sizeof m->hp.arch, "%s", type);
-    char where[1300];
-    snprintf(where, sizeof where, "%s%s", path, text != cfg ? " text_config" : "");
-    if (fam->config(&m->hp, text, where, err) != 0)
-        goto out;
-    add_eos(&m->hp, text);
-    if (text != cfg)
-        add_eos(&m->hp, cfg);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (file_exists(path)) {
         if (!(gen = jsonr_load_file(path, err)))
@@ -290,6 +293,11 @@ int model_load(model *m, const char *dir, errbuf *err)
     if (!m->L) {
         errbuf_set(err, "%s: out of memory", dir);
         goto out;
+    }
+    const family *fam = family_of(m->hp.arch);
+    if (!fam) { /* the wrapper named the family only in text_config */
+        const json_t *tc = json_object_get(cfg, "text_config");
+        fam = family_of(json_string_value(json_object_get(tc, "model_type")));
     }
     rc = fam->bind(m, prefix, err);
 out:

@@ -13,6 +13,7 @@
 #ifndef DF_MODEL_MODEL_H
 #define DF_MODEL_MODEL_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -139,6 +140,8 @@ typedef struct model {
 } model;
 
 int model_load(model *m, const char *dir, errbuf *err);
+/* Only the config: fills hp from a parsed config.json (`where` names it in errors). */
+int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err);
 void model_free(model *m);
 
 /* Helpers for family adapters (model_bind.c). Names are full tensor names without the

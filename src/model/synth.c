@@ -16,9 +16,9 @@ int synth_preset(const char *name, synth_k3 *c)
 {
     memset(c, 0, sizeof *c);
     if (strcmp(name, "k3-tiny") == 0) {
-        *c = (synth_k3){.hidden = 256, .layers = 8, .vocab = 1024, .heads = 4, .q_lora = 96, .kv_lora = 64,
-                        .nope = 32, .rope = 16, .v_head = 32, .kda_heads = 4, .kda_dim = 64, .dense_inter = 512,
-                        .moe_inter = 128, .experts = 16, .top_k = 4, .shared = 1, .latent = 128,
+        *c = (synth_k3){.hidden = 128, .layers = 8, .vocab = 1024, .heads = 4, .q_lora = 64, .kv_lora = 32,
+                        .nope = 32, .rope = 16, .v_head = 32, .kda_heads = 4, .kda_dim = 32, .dense_inter = 384,
+                        .moe_inter = 64, .experts = 16, .top_k = 4, .shared = 1, .latent = 64,
                         .attnres_block = 3, .seed = 1};
         return 0;
     }

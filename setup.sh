@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# setup.sh — prepare this machine, build Deltafin, run the main job on the bundled model.
+#
+#   ./setup.sh              install what is missing, build ./deltafin, run the bundled model
+#   ./setup.sh --deps-only  only make sure the build dependencies are installed
+#
+# Missing Debian packages are installed with apt-get when running as root; otherwise the exact
+# command to run is printed and setup stops. Nothing is downloaded except Debian packages.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PKGS="gcc make pkg-config python3 libjansson-dev libpcre2-dev libxxhash-dev liburing-dev \
+libcurl4-openssl-dev libmicrohttpd-dev libssl-dev"
+
+missing=""
+for p in $PKGS; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+
+if [ -n "$missing" ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: missing packages:$missing (this is not a Debian system; install their equivalents)" >&2
+    exit 1
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "setup: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null || true
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  else
+    echo "setup: missing packages. Run:" >&2
+    echo "  sudo apt-get install -y$missing" >&2
+    exit 1
+  fi
+fi
+
+[ "${1:-}" = "--deps-only" ] && exit 0
+
+make -j"$(nproc)"
+echo "setup: built ./deltafin; running the bundled default model (random weights, see README)"
+./deltafin run --tokens 1,2,3,4,5 --max-new 32 --stats

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# tests/run.sh BUILD — the whole suite, as `make test` runs it:
+#   1. the unit / conformance / exactness tests (BUILD/test_runner, one line per test)
+#   2. every fuzz corpus replayed through its target (BUILD/fuzz/fuzz_*, one line per target)
+#   3. where ../shared exists, the shared oracle checkers as an extra check (one line each)
+# and one closing line "N passed, N failed". Exit status 0 only if nothing failed.
+set -u
+build=${1:-build}
+pass=0
+fail=0
+
+out=$("$build/test_runner" 2>&1)
+status=$?
+printf '%s\n' "$out" | sed '$d'
+last=$(printf '%s\n' "$out" | tail -n 1)
+if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  pass=$((pass + BASH_REMATCH[1])); fail=$((fail + BASH_REMATCH[2]))
+else
+  printf '%s\n' "$last"; echo "FAIL unit tests: runner ended abnormally (status $status)"; fail=$((fail + 1))
+fi
+
+for f in "$build"/fuzz/fuzz_*; do
+  [ -x "$f" ] || continue
+  name=${f##*/fuzz_}
+  corpus=tests/fuzz/corpus/$name
+  if [ ! -d "$corpus" ]; then
+    echo "FAIL fuzz_$name: no corpus at $corpus"; fail=$((fail + 1)); continue
+  fi
+  if r=$("$f" "$corpus" 2>&1); then
+    echo "ok   fuzz_$name corpus (${r##*replayed })"; pass=$((pass + 1))
+  else
+    echo "FAIL fuzz_$name corpus: $(printf '%s' "$r" | tail -n 3)"; fail=$((fail + 1))
+  fi
+done
+
+shared=../shared/oracle
+if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then
+  if r=$(python3 "$shared/check.py" "$build/deltafin" "$shared/cases" 2>&1); then
+    echo "ok   shared oracle check.py (${r##*$'\n'})"; pass=$((pass + 1))
+  else
+    echo "FAIL shared oracle check.py:"; printf '%s\n' "$r" | grep -v '^ok' | sed 's/^/    /'; fail=$((fail + 1))
+  fi
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,129 @@
+/* test_exact.c — the exactness matrix: logits are bit-identical (memcmp) whatever the prefill
+ * chunk, the number of tokens per pass, the thread count, the instruction set, or a checkpoint
+ * and rollback in between. Runs on one case of every family (K3, Kimi-Linear, DeepSeek with
+ * YaRN, Qwen3, Qwen3-MoE, the FP8 and INT4 releases) and on the bundled default model. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "test_util.h"
+
+/* The longest prompt of a case (its ids), or n tokens counting up for the default model. */
+static int32_t *case_ids(const char *dir, int vocab, int *n)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    json_t *exp = json_load_file(path, 0, NULL);
+    int32_t *ids;
+    if (!exp) {
+        *n = 40;
+        ids = malloc(sizeof *ids * 40);
+        for (int i = 0; i < 40; i++)
+            ids[i] = (int32_t)((i * 7919 + 3) % vocab);
+        return ids;
+    }
+    json_t *best = NULL, *prompts = json_object_get(exp, "prompts");
+    for (size_t i = 0; i < json_array_size(prompts); i++) {
+        json_t *p = json_object_get(json_array_get(prompts, i), "ids");
+        if (!best || json_array_size(p) > json_array_size(best))
+            best = p;
+    }
+    *n = (int)json_array_size(best);
+    if (*n > 48)
+        *n = 48; /* long enough to cross chunk and AttnRes-block boundaries, quick to run */
+    ids = malloc(sizeof *ids * (size_t)*n);
+    for (int i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(best, (size_t)i));
+    json_decref(exp);
+    return ids;
+}
+
+static void matrix(const char *dir)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    int n, V = m.hp.vocab;
+    int32_t *ids = case_ids(dir, V, &n);
+    size_t bytes = sizeof(float) * (size_t)n * V;
+    float *ref = tu_eval(&m, ids, n, n, 2, NULL, &err);
+    CHECKF(ref, "%s: %s", dir, err.msg);
+    struct {
+        const char *what;
+        int chunk, threads;
+        const kern_ops *k;
+    } runs[] = {
+        {"chunks of 1 (token-by-token decode)", 1, 2, NULL},
+        {"chunks of 3", 3, 2, NULL},
+        {"chunks of 7", 7, 2, NULL},
+        {"1 thread", n, 1, NULL},
+        {"3 threads, chunks of 5", 5, 3, NULL},
+        {"scalar kernels", n, 2, &kern_scalar},
+        {"avx2 kernels", n, 2, kern_avx2()},
+        {"avx512 kernels", n, 2, kern_avx512()},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (strstr(runs[r].what, "kernels") && !runs[r].k)
+            continue; /* not on this CPU */
+        float *got = tu_eval(&m, ids, n, runs[r].chunk, runs[r].threads, runs[r].k, &err);
+        int same = got && memcmp(got, ref, bytes) == 0;
+        free(got);
+        if (!same) {
+            test_fail(__FILE__, __LINE__, "%s: logits with %s differ from one %d-token pass", dir, runs[r].what, n);
+            break;
+        }
+    }
+    /* checkpoint at n/2, decode to the end, roll back, decode again: same bits both times and
+     * the same as the single pass */
+    if (!test_failed()) {
+        pool *p = pool_new(2, &err);
+        session s;
+        session_ckpt c;
+        int h = n / 2;
+        float *a = malloc(bytes), *b = malloc(bytes);
+        int ok = session_init(&s, &m, kern_select(NULL), p, n, n, &err) == 0 && session_ckpt_init(&s, &c, &err) == 0;
+        ok = ok && session_forward(&s, ids, h, a, 1, &err) == 0;
+        if (ok) {
+            session_checkpoint(&s, &c);
+            ok = session_forward(&s, ids + h, n - h, a + (size_t)h * V, 1, &err) == 0;
+            /* wander off: different tokens after the checkpoint */
+            session_rollback(&s, &c);
+            int32_t other[4] = {1, 2, 3, 4};
+            ok = ok && session_forward(&s, other, 4, NULL, 0, &err) == 0;
+            session_rollback(&s, &c);
+            ok = ok && session_forward(&s, ids + h, n - h, b + (size_t)h * V, 1, &err) == 0;
+        }
+        if (!ok)
+            test_fail(__FILE__, __LINE__, "%s: %s", dir, err.msg);
+        else if (memcmp(a + (size_t)h * V, b + (size_t)h * V, sizeof(float) * (size_t)(n - h) * V) != 0 ||
+                 memcmp(a, ref, bytes) != 0)
+            test_fail(__FILE__, __LINE__, "%s: logits after checkpoint + rollback differ", dir);
+        session_ckpt_free(&c);
+        session_free(&s);
+        pool_free(p);
+        free(a);
+        free(b);
+    }
+    free(ref);
+    free(ids);
+    model_free(&m);
+}
+
+static void oracle_case(const char *name)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    matrix(dir);
+}
+
+TEST(exact_kimi_k3) { oracle_case("kimi_k3-b"); }
+TEST(exact_kimi_k3_attnres2) { oracle_case("kimi_k3-a"); }
+TEST(exact_kimi_linear) { oracle_case("kimi_linear-a"); }
+TEST(exact_deepseek_yarn) { oracle_case("deepseek_v3-yarn"); }
+TEST(exact_deepseek_fp8) { oracle_case("deepseek_v3-fp8"); }
+TEST(exact_kimi_k2_int4) { oracle_case("kimi_k2-int4"); }
+TEST(exact_qwen3) { oracle_case("qwen3-a"); }
+TEST(exact_qwen3_moe) { oracle_case("qwen3_moe-a"); }
+TEST(exact_default_model) { matrix("models/default"); }
