@@ -128,7 +128,7 @@ static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, 
     for (int i = 0; i < T * cols; i++)
         x[i] = (float)rng_normal(&r);
     float *ya = calloc((size_t)T * rows, 4), *yb = calloc((size_t)T * rows, 4);
-    float *scratch = aligned_alloc(64, ((size_t)cols * 4 + 63) / 64 * 64);
+    float *scratch = aligned_alloc(64, (kern_scratch_floats((size_t)cols) * 4 + 63) / 64 * 64);
     a->matmul(&m, 0, rows, x, (size_t)cols, T, ya, (size_t)rows, scratch);
     b->matmul(&m, 0, rows, x, (size_t)cols, T, yb, (size_t)rows, scratch);
     int ok = memcmp(ya, yb, sizeof(float) * (size_t)T * rows) == 0;
@@ -165,7 +165,7 @@ static void check_isa(const kern_ops *k)
     static const int shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {7, 160}, {2, 224}, {9, 1056}, {130, 256}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 200, 1000, 4099};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
-        for (int T = 1; T <= 3; T += 2) {
+        for (int T = 1; T <= 11; T += (T == 1 ? 2 : 8)) {
             if (fmt == WF_MXFP4 || fmt == WF_INT4G32) {
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
                     CHECKF(compare_ops(&kern_scalar, k, fmt, shapes[i][0], shapes[i][1], T, 100 + i),

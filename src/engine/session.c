@@ -74,7 +74,7 @@ static size_t pass_floats(const hparams *hp, const model *m, int T)
 /* Per-thread scratch for kernels and attention heads, in floats. */
 static size_t thread_floats(const hparams *hp, const model *m, int cap)
 {
-    size_t need = m->max_cols;
+    size_t need = kern_scratch_floats(m->max_cols);
     size_t r = (size_t)hp->kv_lora_rank, mla = (size_t)hp->qk_nope * r + (size_t)hp->v_head * r + 2 * r + (size_t)cap;
     size_t kda = 5 * (size_t)hp->kda_dim, gqa = (size_t)cap;
     if (mla > need)

@@ -10,7 +10,13 @@
  *   The result is acc[0].
  *
  * A matrix row is first dequantized exactly (dtype.h) and then reduced with seq64, so a
- * row-times-vector product has one defined value for every format. The scalar table is the
+ * row-times-vector product has one defined value for every format. The 4-bit formats (MXFP4,
+ * INT4) use the "nibble" lane order instead of i % 64, because a byte holds an even column in
+ * its low nibble and the next odd column in its high nibble: element i goes to lane
+ *   32 * ((i / 32) % 2) + 16 * (i % 2) + (i % 32) / 2,
+ * i.e. each 32-column group's even columns fill 16 lanes and its odd columns the next 16
+ * (still in increasing i within each lane; same tree). This lets SIMD code index a 16-entry
+ * value table straight from the nibbles, about twice as fast as restoring column order. The scalar table is the
  * definition (it spells the order out literally); the AVX2 and AVX-512 tables must and do
  * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
  * logits identical across machines.
@@ -25,7 +31,7 @@
 typedef struct kern_ops {
     const char *name; /* "scalar", "avx2", "avx512", "neon" */
     /* y[t*ldy + (r - r0)] = dot(W[r, :], x[t*ldx + :]) for r in [r0, r1), t in [0, T).
-     * scratch: at least w->cols floats, 64-byte aligned, owned by the calling thread. */
+     * scratch: kern_scratch_floats(w->cols) floats, 64-byte aligned, owned by the calling thread. */
     void (*matmul)(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                    float *scratch);
     /* seq64 dot product of two float32 vectors. */
@@ -33,6 +39,11 @@ typedef struct kern_ops {
     /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
     void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
 } kern_ops;
+
+/* Tokens per group in the T > 1 matrix path, and the per-thread scratch a matmul needs for a
+ * matrix of `cols` columns (activations of one group in lane order + one decoded row). */
+enum { KERN_TB = 8 };
+static inline size_t kern_scratch_floats(size_t cols) { return (KERN_TB + 1) * cols + 64; }
 
 extern const kern_ops kern_scalar;
 /* NULL when this build or this CPU cannot run them. */
@@ -46,5 +57,12 @@ const kern_ops *kern_select(const char *name);
 
 /* The seq64 reduction tree over acc[64] (shared by the scalar kernels and by tests). */
 float kern_seq64_reduce(float acc[64]);
+/* Lane of element i in a matrix row of format fmt (i % 64, or the nibble order). */
+static inline int kern_lane(int fmt, int i)
+{
+    if (fmt == WF_MXFP4 || fmt == WF_INT4G32)
+        return 32 * ((i >> 5) & 1) + 16 * (i & 1) + ((i & 31) >> 1);
+    return i & 63;
+}
 
 #endif

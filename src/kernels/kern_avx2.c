@@ -1,18 +1,32 @@
 /* kern_avx2.c — AVX2 + FMA + F16C kernels, bit-identical to kern_scalar.c.
  *
- * The 64 seq64 partial sums live in eight ymm registers (lanes 8k..8k+7 in register k);
- * element i of a row goes to lane i % 64. reduce8 is the kern.h tree step by step. Tails are
- * decoded exactly by the scalar decoder and added with blended FMAs (lanes past the end are
- * left untouched). 4-bit codes are decoded with two 8-entry vpermps tables (code bit 3 picks
- * the table), so -0 and every scale multiply match the scalar decoder's bits.
+ * The 64 partial sums of kern.h live in eight ymm registers (lanes 8k..8k+7 in register k);
+ * reduce8 is the kern.h tree step by step. Tails are decoded exactly by the scalar decoder and
+ * added with blended FMAs (lanes past the end are left untouched). 4-bit codes use the nibble
+ * lane order of kern.h and two 8-entry vpermps tables (code bit 3 picks the table), so -0 and
+ * every scale multiply match the scalar decoder's bits. T > 1 decodes a row once into scratch.
  */
 #include "kernels/kern.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 
-static inline float reduce8(__m256 *r)
+#define INLINE static inline __attribute__((always_inline))
+
+static float mx_tab[256][16] __attribute__((aligned(64))); /* e2m1[c] * e8m0[s] */
+static const float lut_int4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
+
+static void tab_init(void)
+{
+    for (int s = 0; s < 256; s++)
+        for (int c = 0; c < 16; c++)
+            mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
+}
+
+INLINE float reduce8(__m256 *r)
 {
     for (int k = 0; k < 4; k++) /* h = 32 */
         r[k] = _mm256_add_ps(r[k], r[k + 4]);
@@ -25,13 +39,13 @@ static inline float reduce8(__m256 *r)
     return _mm_cvtss_f32(d);
 }
 
-static inline __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 1..8 */
+INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 1..8 */
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c), idx));
 }
 
-static inline void tail_fma(const float *w, const float *x, int rem, __m256 *r)
+static void tail_fma(const float *w, const float *x, int rem, __m256 *r)
 {
     float tw[64] = {0}, tx[64] = {0};
     memcpy(tw, w, (size_t)rem * 4);
@@ -57,139 +71,210 @@ static float avx2_dot(const float *a, const float *b, int n)
     return reduce8(r);
 }
 
-static inline __m256 ld_bf16(const uint8_t *p)
+/* ---- plain formats: 8 elements per load ---- */
+
+INLINE __m256 ld_plain(int fmt, const uint8_t *row, int i, __m256 s256)
 {
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    switch (fmt) {
+    case WF_F32:
+        return _mm256_loadu_ps((const float *)row + i);
+    case WF_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i))), 16));
+    case WF_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
+    default: {
+        __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + (size_t)i)));
+        __m128i m7 = _mm_and_si128(h, _mm_set1_epi16(0x7F));
+        __m128i bits = _mm_or_si128(_mm_slli_epi16(m7, 7), _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8));
+        __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(bits), s256);
+        __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(m7, _mm_set1_epi16(0x7F)));
+        return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
+    }
+    }
 }
 
-static inline __m256 ld_fp8(const uint8_t *p, __m256 s256)
+INLINE __m256 fp8_s256(const kmat *w, int r, int i)
 {
-    __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    __m128i m7 = _mm_and_si128(h, _mm_set1_epi16(0x7F));
-    __m128i bits = _mm_or_si128(_mm_slli_epi16(m7, 7), _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8));
-    __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(bits), s256);
-    __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(m7, _mm_set1_epi16(0x7F)));
-    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
+    float sc;
+    memcpy(&sc, w->scale + (size_t)(r / 128) * w->scale_stride + 4 * (size_t)(i / 128), 4);
+    return _mm256_set1_ps(sc * 256.0f);
 }
 
-/* 8 code bytes (low nibble significant) -> values: lo table for codes 0-7, hi for 8-15. */
-static inline __m256 nib8(__m128i codes, __m256 tlo, __m256 thi)
+INLINE void rows_plain(int fmt, const kmat *w, int r0, int r1, const float *x, float *y)
 {
-    __m256i idx = _mm256_cvtepu8_epi32(codes);
-    __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 -> sign bit */
+    int n = w->cols;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *a = w->data + (size_t)r * w->row_bytes;
+        __m256 acc[8];
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m256 s = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_fmadd_ps(ld_plain(fmt, a, i + 8 * k, s), _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+        }
+        if (i < n) {
+            float t[64];
+            wfmt_table[fmt].decode(w, r, i, n, t);
+            tail_fma(t, x + i, n - i, acc);
+        }
+        y[r - r0] = reduce8(acc);
+    }
+}
+
+/* ---- 4-bit formats in nibble lane order ---- */
+
+static void permute_nib(const float *x, int n, float *xp)
+{
+    for (int i = 0; i < n; i += 32)
+        for (int j = 0; j < 16; j++) {
+            xp[i + j] = x[i + 2 * j];
+            xp[i + 16 + j] = x[i + 2 * j + 1];
+        }
+}
+
+INLINE __m256 nib_sel(__m256i idx, __m256 tlo, __m256 thi)
+{
+    __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* code bit 3 -> sign bit */
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(tlo, idx), _mm256_permutevar8x32_ps(thi, idx), sel);
 }
 
-static const float lut_int4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-
-static inline float group_scale(const kmat *w, const uint8_t *srow, int g)
+INLINE void nib_tables(int fmt, const uint8_t *srow, int g, __m256 *tlo, __m256 *thi)
 {
-    if (w->fmt == WF_MXFP4)
-        return e8m0_to_f32(srow[g]);
-    return bf16_to_f32((uint16_t)(srow[2 * g] | (srow[2 * g + 1] << 8)));
+    if (fmt == WF_MXFP4) {
+        *tlo = _mm256_load_ps(mx_tab[srow[g]]);
+        *thi = _mm256_load_ps(mx_tab[srow[g]] + 8);
+        return;
+    }
+    __m256 s = _mm256_set1_ps(bf16_to_f32((uint16_t)(srow[2 * g] | (srow[2 * g + 1] << 8))));
+    *tlo = _mm256_mul_ps(_mm256_loadu_ps(lut_int4), s);
+    *thi = _mm256_mul_ps(_mm256_loadu_ps(lut_int4 + 8), s);
 }
 
-/* Decodes elements [i, i+64) into eight ymm. */
-static inline void decode64(const kmat *w, const uint8_t *row, const uint8_t *srow, int i, __m256 *v)
+/* the 32 values of column group g in lane order: v[0..1] even columns, v[2..3] odd */
+INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, __m256 *v)
 {
-    switch (w->fmt) {
-    case WF_F32:
+    __m256 tlo, thi;
+    nib_tables(fmt, srow, g, &tlo, &thi);
+    const uint8_t *p = row + 16 * (size_t)g;
+    __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)));
+    v[0] = nib_sel(c0, tlo, thi);
+    v[1] = nib_sel(c1, tlo, thi);
+    v[2] = nib_sel(_mm256_srli_epi32(c0, 4), tlo, thi);
+    v[3] = nib_sel(_mm256_srli_epi32(c1, 4), tlo, thi);
+}
+
+INLINE void rows_nib(int fmt, const kmat *w, int r0, int r1, const float *xp, float *y)
+{
+    int n = w->cols;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
+        __m256 acc[8];
         for (int k = 0; k < 8; k++)
-            v[k] = _mm256_loadu_ps((const float *)row + i + 8 * k);
-        break;
-    case WF_BF16:
-        for (int k = 0; k < 8; k++)
-            v[k] = ld_bf16(row + 2 * (size_t)(i + 8 * k));
-        break;
-    case WF_F16:
-        for (int k = 0; k < 8; k++)
-            v[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)(i + 8 * k))));
-        break;
-    case WF_FP8B128: {
-        float sc;
-        memcpy(&sc, srow + 4 * (size_t)(i / 128), 4);
-        __m256 s256 = _mm256_set1_ps(sc * 256.0f);
-        for (int k = 0; k < 8; k++)
-            v[k] = ld_fp8(row + (size_t)(i + 8 * k), s256);
-        break;
-    }
-    default: {
-        const float *lut = w->fmt == WF_MXFP4 ? e2m1_table : lut_int4;
-        __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
-        for (int g = 0; g < 2; g++) {
-            __m256 s = _mm256_set1_ps(group_scale(w, srow, i / 32 + g));
-            __m256 tlo = _mm256_mul_ps(lo, s), thi = _mm256_mul_ps(hi, s);
-            __m128i b = _mm_loadu_si128((const __m128i *)(row + (size_t)(i + 32 * g) / 2));
-            __m128i h = _mm_srli_epi16(b, 4);
-            __m128i a0 = _mm_unpacklo_epi8(b, h), a1 = _mm_unpackhi_epi8(b, h);
-            v[4 * g + 0] = nib8(a0, tlo, thi);
-            v[4 * g + 1] = nib8(_mm_srli_si128(a0, 8), tlo, thi);
-            v[4 * g + 2] = nib8(a1, tlo, thi);
-            v[4 * g + 3] = nib8(_mm_srli_si128(a1, 8), tlo, thi);
+            acc[k] = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 32) {
+            __m256 v[4];
+            int base = (i / 32) % 2 * 4;
+            nib_group(fmt, a, s, i / 32, v);
+            for (int k = 0; k < 4; k++)
+                acc[base + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), acc[base + k]);
         }
-    }
+        y[r - r0] = reduce8(acc);
     }
 }
 
-static inline const uint8_t *scale_row(const kmat *w, int r)
+INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
 {
-    if (!w->scale)
-        return NULL;
-    return w->scale + (size_t)(w->fmt == WF_FP8B128 ? r / 128 : r) * w->scale_stride;
+    const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
+    for (int i = 0; i < w->cols; i += 32) {
+        __m256 v[4];
+        nib_group(fmt, a, s, i / 32, v);
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(o + i + 8 * k, v[k]);
+    }
 }
 
-static float row_dot(const kmat *w, int r, const float *x)
+static void decode_seq(const kmat *w, int r, float *o)
 {
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes, *srow = scale_row(w, r);
-    __m256 acc[8];
-    for (int k = 0; k < 8; k++)
-        acc[k] = _mm256_setzero_ps();
     int n = w->cols, i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m256 v[8];
-        decode64(w, row, srow, i, v);
-        for (int k = 0; k < 8; k++)
-            acc[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    for (; i + 8 <= n; i += 8) {
+        __m256 s = w->fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
+        __m256 v = w->fmt == WF_F32    ? ld_plain(WF_F32, row, i, s)
+                   : w->fmt == WF_BF16 ? ld_plain(WF_BF16, row, i, s)
+                   : w->fmt == WF_F16  ? ld_plain(WF_F16, row, i, s)
+                                       : ld_plain(WF_FP8B128, row, i, s);
+        _mm256_storeu_ps(o + i, v);
     }
-    if (i < n) {
-        float tw[64];
-        wfmt_table[w->fmt].decode(w, r, i, n, tw);
-        tail_fma(tw, x + i, n - i, acc);
-    }
-    return reduce8(acc);
+    if (i < n)
+        wfmt_table[w->fmt].decode(w, r, i, n, o + i);
 }
 
 static void avx2_decode_rows(const kmat *w, int r0, int r1, float *out)
 {
-    int n = w->cols;
     for (int r = r0; r < r1; r++) {
-        float *o = out + (size_t)(r - r0) * (size_t)n;
-        const uint8_t *row = w->data + (size_t)r * w->row_bytes, *srow = scale_row(w, r);
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m256 v[8];
-            decode64(w, row, srow, i, v);
-            for (int k = 0; k < 8; k++)
-                _mm256_storeu_ps(o + i + 8 * k, v[k]);
-        }
-        if (i < n)
-            wfmt_table[w->fmt].decode(w, r, i, n, o + i);
+        float *o = out + (size_t)(r - r0) * (size_t)w->cols;
+        if (w->fmt == WF_MXFP4 || w->fmt == WF_INT4G32)
+            wfmt_table[w->fmt].decode(w, r, 0, w->cols, o);
+        else
+            decode_seq(w, r, o);
     }
 }
 
 static void avx2_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                         float *scratch)
 {
+    int n = w->cols, nib = w->fmt == WF_MXFP4 || w->fmt == WF_INT4G32;
+    if (nib)
+        pthread_once(&tab_once, tab_init);
     if (T == 1) {
-        for (int r = r0; r < r1; r++)
-            y[r - r0] = row_dot(w, r, x);
-        return;
+        switch (w->fmt) {
+        case WF_F32:
+            rows_plain(WF_F32, w, r0, r1, x, y);
+            return;
+        case WF_BF16:
+            rows_plain(WF_BF16, w, r0, r1, x, y);
+            return;
+        case WF_F16:
+            rows_plain(WF_F16, w, r0, r1, x, y);
+            return;
+        case WF_FP8B128:
+            rows_plain(WF_FP8B128, w, r0, r1, x, y);
+            return;
+        case WF_MXFP4:
+            permute_nib(x, n, scratch);
+            rows_nib(WF_MXFP4, w, r0, r1, scratch, y);
+            return;
+        default:
+            permute_nib(x, n, scratch);
+            rows_nib(WF_INT4G32, w, r0, r1, scratch, y);
+            return;
+        }
     }
-    for (int r = r0; r < r1; r++) {
-        avx2_decode_rows(w, r, r + 1, scratch);
-        for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)(r - r0)] = avx2_dot(scratch, x + (size_t)t * ldx, w->cols);
+    float *row = scratch + (size_t)KERN_TB * n;
+    for (int t0 = 0; t0 < T; t0 += KERN_TB) {
+        int tb = T - t0 < KERN_TB ? T - t0 : KERN_TB;
+        const float *xs = x + (size_t)t0 * ldx;
+        size_t lds = ldx;
+        if (nib) {
+            for (int t = 0; t < tb; t++)
+                permute_nib(x + (size_t)(t0 + t) * ldx, n, scratch + (size_t)t * n);
+            xs = scratch;
+            lds = (size_t)n;
+        }
+        for (int r = r0; r < r1; r++) {
+            if (w->fmt == WF_MXFP4)
+                nib_decode_row(WF_MXFP4, w, r, row);
+            else if (w->fmt == WF_INT4G32)
+                nib_decode_row(WF_INT4G32, w, r, row);
+            else
+                decode_seq(w, r, row);
+            for (int t = 0; t < tb; t++)
+                y[(size_t)(t0 + t) * ldy + (size_t)(r - r0)] = avx2_dot(row, xs + (size_t)t * lds, n);
+        }
     }
 }
 

@@ -60,13 +60,36 @@ static void neon_decode_rows(const kmat *w, int r0, int r1, float *out)
         wfmt_table[w->fmt].decode(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
 }
 
+/* Reorders v into the format's lane order (kern.h): identity, or per 32-column group the
+ * even columns then the odd ones. */
+static void to_lane_order(int fmt, const float *v, int n, float *o)
+{
+    if (fmt != WF_MXFP4 && fmt != WF_INT4G32) {
+        memcpy(o, v, sizeof(float) * (size_t)n);
+        return;
+    }
+    for (int i = 0; i < n; i += 32)
+        for (int j = 0; j < 16; j++) {
+            o[i + j] = v[i + 2 * j];
+            o[i + 16 + j] = v[i + 2 * j + 1];
+        }
+}
+
 static void neon_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                         float *scratch)
 {
-    for (int r = r0; r < r1; r++) {
-        wfmt_table[w->fmt].decode(w, r, 0, w->cols, scratch);
-        for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)(r - r0)] = neon_dot(scratch, x + (size_t)t * ldx, w->cols);
+    int n = w->cols;
+    float *row = scratch + (size_t)KERN_TB * n, *dec = scratch + (size_t)(KERN_TB - 1) * n;
+    for (int t0 = 0; t0 < T; t0 += KERN_TB - 1) {
+        int tb = T - t0 < KERN_TB - 1 ? T - t0 : KERN_TB - 1;
+        for (int t = 0; t < tb; t++)
+            to_lane_order(w->fmt, x + (size_t)(t0 + t) * ldx, n, scratch + (size_t)t * n);
+        for (int r = r0; r < r1; r++) {
+            wfmt_table[w->fmt].decode(w, r, 0, n, dec);
+            to_lane_order(w->fmt, dec, n, row);
+            for (int t = 0; t < tb; t++)
+                y[(size_t)(t0 + t) * ldy + (size_t)(r - r0)] = neon_dot(row, scratch + (size_t)t * n, n);
+        }
     }
 }
 

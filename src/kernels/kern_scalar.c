@@ -28,6 +28,17 @@ static void scalar_decode_rows(const kmat *w, int r0, int r1, float *out)
         f->decode(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
 }
 
+/* A matrix row against one activation vector, in the format's lane order (kern.h). */
+static float row_dot(int fmt, const float *w, const float *x, int n)
+{
+    float acc[64] = {0};
+    for (int i = 0; i < n; i++) {
+        int l = kern_lane(fmt, i);
+        acc[l] = fmaf(w[i], x[i], acc[l]);
+    }
+    return kern_seq64_reduce(acc);
+}
+
 static void scalar_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                           float *scratch)
 {
@@ -35,7 +46,7 @@ static void scalar_matmul(const kmat *w, int r0, int r1, const float *x, size_t 
     for (int r = r0; r < r1; r++) {
         f->decode(w, r, 0, w->cols, scratch);
         for (int t = 0; t < T; t++)
-            y[(size_t)t * ldy + (size_t)(r - r0)] = scalar_dot(scratch, x + (size_t)t * ldx, w->cols);
+            y[(size_t)t * ldy + (size_t)(r - r0)] = row_dot(w->fmt, scratch, x + (size_t)t * ldx, w->cols);
     }
 }
 

@@ -1,0 +1,181 @@
+/* bench_gemv.c — decode-shaped GEMV (one activation row times a weight matrix) for BF16 and
+ * MXFP4 at the shapes that matter (4096 x 14336 both ways; K3's expert 3072 x 3584 and
+ * 3584 x 3072), on 1 and 2 threads: GB/s of weights streamed, GFLOPS, and the ratio to the read
+ * bandwidth this same program measures (a plain streaming read of a buffer far larger than the
+ * caches). Every timed call reads a different matrix from a rotating set larger than the caches,
+ * so the weights come from DRAM as in real decode.
+ *
+ * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S]
+ * Prints a Markdown table. Timing only; never part of a pass/fail test.
+ */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/pool.h"
+#include "base/rng.h"
+#include "base/timer.h"
+#include "kernels/kern.h"
+
+enum { SET_BYTES = 1 << 30 }; /* 1 GiB of distinct matrices per shape: far beyond any cache */
+
+struct read_job {
+    const uint8_t *buf;
+    size_t len;
+    uint64_t sink[64];
+};
+
+__attribute__((target("avx2"))) static uint64_t read_range(const uint8_t *p, size_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256(), c = _mm256_setzero_si256(),
+            d = _mm256_setzero_si256();
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+    uint64_t s[4];
+    _mm256_storeu_si256((__m256i *)s, a);
+    return s[0] + s[1] + s[2] + s[3];
+}
+
+static void read_part(void *ctx, int b, int e, int tid)
+{
+    struct read_job *j = ctx;
+    size_t chunk = j->len / 64;
+    for (int i = b; i < e; i++)
+        j->sink[i] = read_range(j->buf + (size_t)i * chunk, chunk);
+}
+
+/* Best-of-5 streaming read bandwidth over a 1 GiB buffer with the pool's threads. */
+static double read_bandwidth(pool *p)
+{
+    size_t len = (size_t)SET_BYTES;
+    uint8_t *buf = aligned_alloc(64, len);
+    memset(buf, 1, len);
+    struct read_job j = {buf, len, {0}};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = timer_now();
+        pool_for(p, 64, read_part, &j);
+        double gbs = (double)len / (timer_now() - t0) / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    free(buf);
+    return best;
+}
+
+struct mm_job {
+    const kern_ops *k;
+    const kmat *w;
+    const float *x;
+    float *y;
+    pool *p;
+};
+
+static void mm_part(void *ctx, int r0, int r1, int tid)
+{
+    struct mm_job *j = ctx;
+    j->k->matmul(j->w, r0, r1, j->x, (size_t)j->w->cols, 1, j->y + r0, (size_t)j->w->rows, pool_scratch(j->p, tid));
+}
+
+static void fill_matrix(rng *r, int fmt, int rows, int cols, uint8_t **data, uint8_t **scale)
+{
+    size_t db = wfmt_data_bytes(fmt, rows, cols), sb = wfmt_scale_bytes(fmt, rows, cols);
+    *data = aligned_alloc(64, (db + 63) / 64 * 64);
+    *scale = sb ? aligned_alloc(64, (sb + 63) / 64 * 64) : NULL;
+    for (size_t i = 0; i < db; i += 8) {
+        uint64_t v = rng_next(r);
+        if (fmt == WF_BF16)
+            v &= 0x3FFF3FFF3FFF3FFFull; /* finite values */
+        memcpy(*data + i, &v, db - i < 8 ? db - i : 8);
+    }
+    for (size_t i = 0; i < sb; i++)
+        (*scale)[i] = (uint8_t)(118 + rng_next(r) % 8);
+}
+
+static void bench_shape(const kern_ops *k, pool *p, int fmt, int rows, int cols, double bw, double seconds)
+{
+    size_t bytes = wfmt_data_bytes(fmt, rows, cols) + wfmt_scale_bytes(fmt, rows, cols);
+    int nm = (int)(SET_BYTES / bytes) + 1;
+    rng r;
+    rng_seed(&r, 42);
+    kmat *m = calloc((size_t)nm, sizeof *m);
+    uint8_t **d = calloc((size_t)nm, sizeof *d), **s = calloc((size_t)nm, sizeof *s);
+    for (int i = 0; i < nm; i++) {
+        fill_matrix(&r, fmt, rows, cols, &d[i], &s[i]);
+        kmat_init(&m[i], fmt, rows, cols, d[i], s[i]);
+    }
+    float *x = aligned_alloc(64, sizeof(float) * (size_t)cols), *y = aligned_alloc(64, sizeof(float) * (size_t)rows);
+    for (int i = 0; i < cols; i++)
+        x[i] = (float)rng_normal(&r);
+    struct mm_job j = {k, NULL, x, y, p};
+    for (int i = 0; i < nm; i++) { /* warm the page tables, not the caches (the set is 1 GiB) */
+        j.w = &m[i];
+        pool_for(p, rows, mm_part, &j);
+    }
+    long calls = 0;
+    double t0 = timer_now(), t;
+    do {
+        j.w = &m[calls % nm];
+        pool_for(p, rows, mm_part, &j);
+        calls++;
+    } while ((t = timer_now() - t0) < seconds);
+    double per = t / (double)calls, gbs = (double)bytes / per / 1e9;
+    printf("| %-6s | %5d x %-5d | %d | %8.1f | %7.1f | %6.1f | %.2f |\n", wfmt_table[fmt].name, rows, cols,
+           pool_size(p), per * 1e6, gbs, 2.0 * rows * cols / per / 1e9, gbs / bw);
+    for (int i = 0; i < nm; i++) {
+        free(d[i]);
+        free(s[i]);
+    }
+    free(d);
+    free(s);
+    free(m);
+    free(x);
+    free(y);
+}
+
+int main(int argc, char **argv)
+{
+    const char *kname = NULL;
+    double seconds = 2.0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
+            kname = argv[++i];
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+            seconds = atof(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S]\n");
+            return 2;
+        }
+    }
+    const kern_ops *k = kern_select(kname);
+    if (!k) {
+        fprintf(stderr, "bench_gemv: kernels '%s' not available here\n", kname);
+        return 1;
+    }
+    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {3072, 3584}, {3584, 3072}};
+    static const int fmts[] = {WF_BF16, WF_MXFP4};
+    printf("kernels: %s\n\n", k->name);
+    for (int th = 1; th <= 2; th++) {
+        errbuf err;
+        pool *p = pool_new(th, &err);
+        if (!p || pool_reserve(p, kern_scratch_floats(16384) * sizeof(float), &err) != 0) {
+            fprintf(stderr, "bench_gemv: %s\n", err.msg);
+            return 1;
+        }
+        double bw = read_bandwidth(p);
+        printf("threads %d: streaming read bandwidth %.1f GB/s\n\n", th, bw);
+        printf("| format | rows x cols   | threads | us/call | GB/s | GFLOPS | ratio to read bw |\n");
+        printf("|--------|---------------|---|----------|---------|--------|------|\n");
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                bench_shape(k, p, fmts[f], shapes[s][0], shapes[s][1], bw, seconds);
+        printf("\n");
+        pool_free(p);
+    }
+    return 0;
+}
