@@ -38,6 +38,16 @@ typedef struct kern_ops {
     float (*dot)(const float *a, const float *b, int n);
     /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
     void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
+    /* y[i] = fma(a, x[i], y[i]) for i < n (element-wise: the same bits on every ISA). */
+    void (*axpy)(float *y, const float *x, float a, int n);
+    /* One token of the KDA delta rule for one head, S[d][d] (rows = key dim), in place:
+     *   for each row r:  S[r][:] *= alpha[r];  u[:] = fma(S[r][:], k[r], u[:])   (u from 0)
+     *   u[:] = beta * (v[:] - u[:])
+     *   for each row r:  S[r][:] = fma(k[r], u[:], S[r][:]);  o[:] = fma(S[r][:], q[r], o[:])  (o from 0)
+     * Rows are visited in order and every operation is element-wise across columns, so every
+     * ISA gives the same bits. u is scratch of d floats. */
+    void (*kda_step)(float *S, int d, const float *k, const float *v, const float *q, const float *alpha, float beta,
+                     float *o, float *u);
 } kern_ops;
 
 /* Tokens per group in the T > 1 matrix path, and the per-thread scratch a matmul needs for a
@@ -46,6 +56,9 @@ enum { KERN_TB = 8 };
 static inline size_t kern_scratch_floats(size_t cols) { return (KERN_TB + 1) * cols + 64; }
 
 extern const kern_ops kern_scalar;
+/* The reference KDA step (also used by SIMD tables for head sizes they do not vectorise). */
+void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                          float beta, float *o, float *u);
 /* NULL when this build or this CPU cannot run them. */
 const kern_ops *kern_avx2(void);
 const kern_ops *kern_avx512(void);

@@ -278,7 +278,51 @@ static void avx2_matmul(const kmat *w, int r0, int r1, const float *x, size_t ld
     }
 }
 
-static const kern_ops ops = {"avx2", avx2_matmul, avx2_dot, avx2_decode_rows};
+static void avx2_axpy(float *y, const float *x, float a, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void avx2_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                          float beta, float *o, float *u)
+{
+    if (d % 8) {
+        kern_scalar_kda_step(S, d, k, v, q, alpha, beta, o, u);
+        return;
+    }
+    for (int c = 0; c < d; c += 8)
+        _mm256_storeu_ps(u + c, _mm256_setzero_ps());
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        __m256 a = _mm256_set1_ps(alpha[r]), kr = _mm256_set1_ps(k[r]);
+        for (int c = 0; c < d; c += 8) {
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(Sr + c), a);
+            _mm256_storeu_ps(Sr + c, s);
+            _mm256_storeu_ps(u + c, _mm256_fmadd_ps(s, kr, _mm256_loadu_ps(u + c)));
+        }
+    }
+    __m256 b = _mm256_set1_ps(beta);
+    for (int c = 0; c < d; c += 8) {
+        _mm256_storeu_ps(u + c, _mm256_mul_ps(b, _mm256_sub_ps(_mm256_loadu_ps(v + c), _mm256_loadu_ps(u + c))));
+        _mm256_storeu_ps(o + c, _mm256_setzero_ps());
+    }
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
+        for (int c = 0; c < d; c += 8) {
+            __m256 s = _mm256_fmadd_ps(kr, _mm256_loadu_ps(u + c), _mm256_loadu_ps(Sr + c));
+            _mm256_storeu_ps(Sr + c, s);
+            _mm256_storeu_ps(o + c, _mm256_fmadd_ps(s, qr, _mm256_loadu_ps(o + c)));
+        }
+    }
+}
+
+static const kern_ops ops = {"avx2", avx2_matmul, avx2_dot, avx2_decode_rows, avx2_axpy, avx2_kda_step};
 
 const kern_ops *kern_avx2(void)
 {

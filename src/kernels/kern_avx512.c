@@ -290,7 +290,53 @@ static void avx512_matmul(const kmat *w, int r0, int r1, const float *x, size_t 
     }
 }
 
-static const kern_ops ops = {"avx512", avx512_matmul, avx512_dot, avx512_decode_rows};
+static void avx512_axpy(float *y, const float *x, float a, int n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void avx512_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                            float beta, float *o, float *u)
+{
+    if (d % 16) { /* odd head sizes: the reference loop */
+        kern_scalar_kda_step(S, d, k, v, q, alpha, beta, o, u);
+        return;
+    }
+    for (int c = 0; c < d; c += 16)
+        _mm512_storeu_ps(u + c, _mm512_setzero_ps());
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        __m512 a = _mm512_set1_ps(alpha[r]), kr = _mm512_set1_ps(k[r]);
+        for (int c = 0; c < d; c += 16) {
+            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(Sr + c), a);
+            _mm512_storeu_ps(Sr + c, s);
+            _mm512_storeu_ps(u + c, _mm512_fmadd_ps(s, kr, _mm512_loadu_ps(u + c)));
+        }
+    }
+    __m512 b = _mm512_set1_ps(beta);
+    for (int c = 0; c < d; c += 16) {
+        _mm512_storeu_ps(u + c, _mm512_mul_ps(b, _mm512_sub_ps(_mm512_loadu_ps(v + c), _mm512_loadu_ps(u + c))));
+        _mm512_storeu_ps(o + c, _mm512_setzero_ps());
+    }
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
+        for (int c = 0; c < d; c += 16) {
+            __m512 s = _mm512_fmadd_ps(kr, _mm512_loadu_ps(u + c), _mm512_loadu_ps(Sr + c));
+            _mm512_storeu_ps(Sr + c, s);
+            _mm512_storeu_ps(o + c, _mm512_fmadd_ps(s, qr, _mm512_loadu_ps(o + c)));
+        }
+    }
+}
+
+static const kern_ops ops = {"avx512", avx512_matmul, avx512_dot, avx512_decode_rows, avx512_axpy, avx512_kda_step};
 
 const kern_ops *kern_avx512(void)
 {

@@ -7,6 +7,8 @@
  */
 #include "kernels/kern.h"
 
+#include <math.h>
+
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 
@@ -93,7 +95,17 @@ static void neon_matmul(const kmat *w, int r0, int r1, const float *x, size_t ld
     }
 }
 
-static const kern_ops ops = {"neon", neon_matmul, neon_dot, neon_decode_rows};
+static void neon_axpy(float *y, const float *x, float a, int n)
+{
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* The KDA step uses the reference loop: fmaf is one fused instruction on AArch64. */
+static const kern_ops ops = {"neon", neon_matmul, neon_dot, neon_decode_rows, neon_axpy, kern_scalar_kda_step};
 const kern_ops *kern_neon(void) { return &ops; }
 #else
 const kern_ops *kern_neon(void) { return NULL; }

@@ -50,4 +50,36 @@ static void scalar_matmul(const kmat *w, int r0, int r1, const float *x, size_t 
     }
 }
 
-const kern_ops kern_scalar = {"scalar", scalar_matmul, scalar_dot, scalar_decode_rows};
+static void scalar_axpy(float *y, const float *x, float a, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                          float beta, float *o, float *u)
+{
+    for (int c = 0; c < d; c++)
+        u[c] = 0.0f;
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        for (int c = 0; c < d; c++) {
+            Sr[c] = Sr[c] * alpha[r];
+            u[c] = fmaf(Sr[c], k[r], u[c]);
+        }
+    }
+    for (int c = 0; c < d; c++) {
+        u[c] = beta * (v[c] - u[c]);
+        o[c] = 0.0f;
+    }
+    for (int r = 0; r < d; r++) {
+        float *Sr = S + (size_t)r * d;
+        for (int c = 0; c < d; c++) {
+            Sr[c] = fmaf(k[r], u[c], Sr[c]);
+            o[c] = fmaf(Sr[c], q[r], o[c]);
+        }
+    }
+}
+
+const kern_ops kern_scalar = {"scalar",    scalar_matmul, scalar_dot, scalar_decode_rows, scalar_axpy,
+                              kern_scalar_kda_step};

@@ -120,9 +120,6 @@ void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *
     }
     for (int i = 0; i < H; i++)
         out[i] = 0.0f;
-    for (int j = 0; j < n; j++) {
-        float a = s[j] / sum;
-        for (int i = 0; i < H; i++)
-            out[i] += a * src[j][i];
-    }
+    for (int j = 0; j < n; j++)
+        b->k->axpy(out, src[j], s[j] / sum, H);
 }

@@ -37,12 +37,8 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
             float *oh = j->o + ((size_t)t * nh + h) * hd;
             for (int i = 0; i < hd; i++)
                 oh[i] = 0.0f;
-            for (int s = 0; s < n; s++) {
-                const float *vs = j->kv + (size_t)s * W + (size_t)(nkv + kvh) * hd;
-                float p = sc[s] / sum;
-                for (int i = 0; i < hd; i++)
-                    oh[i] += p * vs[i];
-            }
+            for (int s = 0; s < n; s++)
+                j->b->k->axpy(oh, j->kv + (size_t)s * W + (size_t)(nkv + kvh) * hd, sc[s] / sum, hd);
         }
     }
 }

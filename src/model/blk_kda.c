@@ -79,26 +79,7 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                 alpha[i] = expf(g);
             }
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
-            for (int i = 0; i < d; i++)
-                u[i] = 0.0f;
-            for (int r = 0; r < d; r++) { /* decay row r, accumulate the prediction */
-                float *Sr = S + (size_t)r * d, a = alpha[r], kr_ = k[r];
-                for (int c = 0; c < d; c++) {
-                    Sr[c] *= a;
-                    u[c] += Sr[c] * kr_;
-                }
-            }
-            for (int c = 0; c < d; c++) {
-                u[c] = beta * (v[c] - u[c]); /* the delta to write */
-                o[c] = 0.0f;
-            }
-            for (int r = 0; r < d; r++) { /* write, then read the updated row */
-                float *Sr = S + (size_t)r * d, kr_ = k[r], qr_ = q[r];
-                for (int c = 0; c < d; c++) {
-                    Sr[c] += kr_ * u[c];
-                    o[c] += Sr[c] * qr_;
-                }
-            }
+            j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);
             /* gated RMSNorm over the head, norm before gate */
             float ss = 0.0f;
             for (int c = 0; c < d; c++)

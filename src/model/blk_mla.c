@@ -42,12 +42,8 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
             const float *qh = j->q + ((size_t)t * hp->n_heads + h) * qd;
             for (int i = 0; i < r; i++)
                 qa[i] = 0.0f;
-            for (int d = 0; d < nope; d++) {
-                const float *wr = wk + (size_t)d * r;
-                float qv = qh[d];
-                for (int i = 0; i < r; i++)
-                    qa[i] += qv * wr[i];
-            }
+            for (int d = 0; d < nope; d++)
+                k->axpy(qa, wk + (size_t)d * r, qh[d], r);
             int n = j->pos0 + t + 1;
             float mx = -INFINITY, sum = 0.0f;
             for (int s = 0; s < n; s++) {
@@ -64,12 +60,8 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
             }
             for (int i = 0; i < r; i++)
                 ol[i] = 0.0f;
-            for (int s = 0; s < n; s++) {
-                const float *cs = j->kv + (size_t)s * W;
-                float p = sc[s] / sum;
-                for (int i = 0; i < r; i++)
-                    ol[i] += p * cs[i];
-            }
+            for (int s = 0; s < n; s++)
+                k->axpy(ol, j->kv + (size_t)s * W, sc[s] / sum, r);
             float *oh = j->o + ((size_t)t * hp->n_heads + h) * vd;
             for (int e = 0; e < vd; e++)
                 oh[e] = k->dot(wv + (size_t)e * r, ol, r);

@@ -137,12 +137,8 @@ int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
         float *rt = r + (size_t)t * D;
         for (int i = 0; i < D; i++)
             rt[i] = 0.0f;
-        for (int j = 0; j < K; j++) {
-            const float *y = slots + ((size_t)t * K + j) * D;
-            float a = wt[(size_t)t * K + j];
-            for (int i = 0; i < D; i++)
-                rt[i] += a * y[i];
-        }
+        for (int j = 0; j < K; j++)
+            b->k->axpy(rt, slots + ((size_t)t * K + j) * D, wt[(size_t)t * K + j], D);
     }
     if (hp->latent) {
         blk_rmsnorm(b, r, w->lat_norm, T, D, hp->rms_eps, r);
