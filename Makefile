@@ -47,8 +47,10 @@ deltafin: $(BUILD)/deltafin
 $(BUILD)/deltafin: $(LIB_OBJ) $(CLI_OBJ)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# The test binary counts allocations (tests/test_alloc.c) by wrapping the allocator at link time.
+TEST_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=posix_memalign,--wrap=aligned_alloc
 $(BUILD)/test_runner: $(LIB_OBJ) $(TEST_OBJ)
-	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) $(TEST_WRAP) -o $@ $^ $(LDLIBS)
 
 # Fuzz targets linked with a plain driver that replays a corpus (no clang needed).
 $(BUILD)/fuzz/%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/replay.o $(LIB_OBJ)
