@@ -38,7 +38,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all deps test asan tsan fuzz bench clean
+.PHONY: all deps test test-neon asan tsan fuzz bench clean
 all: deltafin
 
 deltafin: $(BUILD)/deltafin
@@ -87,6 +87,15 @@ fuzz:
 bench: $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB_OBJ)
 	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# NEON kernels checked bit for bit against the scalar reference under qemu (needs Debian's
+# gcc-aarch64-linux-gnu and qemu-user; tests/run.sh runs this when both are installed).
+KERN_TEST_SRC := tests/test_main.c tests/test_kernels.c $(wildcard src/kernels/*.c) src/base/rng.c
+test-neon:
+	@mkdir -p $(BUILD)/aarch64
+	$(Q)aarch64-linux-gnu-gcc -std=c11 -D_GNU_SOURCE -O2 $(WARN) -ffp-contract=off -Isrc -static -pthread \
+	  -o $(BUILD)/aarch64/test_kernels $(KERN_TEST_SRC) -lm
+	@qemu-aarch64 $(BUILD)/aarch64/test_kernels
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz deltafin

@@ -33,6 +33,14 @@ for f in "$build"/fuzz/fuzz_*; do
   fi
 done
 
+if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then
+  if r=$(make -s --no-print-directory BUILD="$build" test-neon 2>&1); then
+    echo "ok   neon kernels under qemu-aarch64 (${r##*$'\n'})"; pass=$((pass + 1))
+  else
+    echo "FAIL neon kernels under qemu-aarch64:"; printf '%s\n' "$r" | grep -v '^ok' | sed 's/^/    /'; fail=$((fail + 1))
+  fi
+fi
+
 shared=../shared/oracle
 if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then
   if r=$(python3 "$shared/check.py" "$build/deltafin" "$shared/cases" 2>&1); then
