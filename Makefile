@@ -20,7 +20,7 @@ ifeq ($(shell $(CC) --version 2>/dev/null | grep -c clang),0)
 WARN    += -Wno-format-truncation
 endif
 BASEFLAGS := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) -ffp-contract=off -fno-math-errno -fno-strict-aliasing -Isrc -pthread $(SAN)
-LDLIBS  := -ljansson -lm -lpthread
+LDLIBS  := -ljansson -lpcre2-8 -lm -lpthread
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)

@@ -37,5 +37,6 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 int cmd_run(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ static const struct {
     {"run", cmd_run, "generate text or token ids from a prompt"},
     {"eval", cmd_eval, "write the logits of every position of a token list"},
     {"synth", cmd_synth, "write a random-weight checkpoint in a real release format"},
+    {"tokenize", cmd_tokenize, "text or chat messages to token ids, and ids back to text"},
 };
 
 static void usage(FILE *f)
