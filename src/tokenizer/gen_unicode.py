@@ -11,7 +11,9 @@ Sources, and why:
     reference engine is the source, not whatever Unicode version this machine's Python has.
   * Python str.isspace (Kimi's 25,000-character run splitting) and the NFC data (canonical
     combining classes, canonical decompositions, primary composites) come from this Python's
-    unicodedata. HF tokenizers' NFC agrees with it on every code point (checked by gen_extra.py).
+    unicodedata, adjusted to what HF tokenizers' NFC normalizer (the only NFC user: tokenizer.json
+    normalizers) actually does: its data is older, so the marks listed in unicode_props.json
+    hf_nfc.ccc_zero are starters to it and the pairs in hf_nfc.no_compose do not compose.
 """
 import json, sys, unicodedata
 
@@ -35,7 +37,10 @@ def main():
         if chr(c).isspace():
             flags[c] |= BIT["PYSPACE"]
 
-    # NFC data
+    # NFC data, as HF's normalizer has it
+    hf = json.load(open(sys.argv[1])).get("hf_nfc", {})
+    ccc_zero = set(hf.get("ccc_zero", []))
+    no_compose = set(tuple(x) for x in hf.get("no_compose", []))
     ccc = {}
     decomp = {}
     pairs = {}
@@ -44,7 +49,7 @@ def main():
             continue
         ch = chr(c)
         k = unicodedata.combining(ch)
-        if k:
+        if k and c not in ccc_zero:
             ccc[c] = k
         d = unicodedata.normalize("NFD", ch)
         if d != ch:
@@ -53,7 +58,8 @@ def main():
         if one and not one.startswith("<"):
             parts = [int(x, 16) for x in one.split()]
             # a primary composite: NFC gives it back from its own decomposition
-            if len(parts) == 2 and unicodedata.normalize("NFC", unicodedata.normalize("NFD", ch)) == ch:
+            if len(parts) == 2 and unicodedata.normalize("NFC", unicodedata.normalize("NFD", ch)) == ch and \
+                    tuple(parts) not in no_compose:
                 pairs[(parts[0], parts[1])] = c
     seconds = set(b for (_, b) in pairs)
     for c in range(NCP):

@@ -230,6 +230,10 @@ static int cuts_push(cuts *c, size_t pos)
     return 0;
 }
 
+/* Python's str.isspace() for ASCII: \t \n \v \f \r, the separators 0x1C-0x1F, and space. */
+static const uint8_t PY_ASCII_SPACE[128] = {[9] = 1,  [10] = 1, [11] = 1, [12] = 1, [13] = 1,
+                                            [28] = 1, [29] = 1, [30] = 1, [31] = 1, [32] = 1};
+
 static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
 {
     if (n <= KIMI_RUN) /* fewer bytes than a run may have characters: nothing to cut */
@@ -238,11 +242,11 @@ static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
     int run_space = 0;
     const uint8_t *e = s + n;
     for (size_t p = 0; p < n;) {
-        int len;
-        uint32_t cp = s[p] < 0x80 ? s[p] : toku_next(s + p, e, &len);
+        int len = 1, sp;
         if (s[p] < 0x80)
-            len = 1;
-        int sp = (toku_flags(cp) & TOKU_PYSPACE) != 0;
+            sp = PY_ASCII_SPACE[s[p]];
+        else
+            sp = (toku_flags(toku_next(s + p, e, &len)) & TOKU_PYSPACE) != 0;
         if (in_window == KIMI_WINDOW) {
             if (cuts_push(c, p))
                 return -1;
