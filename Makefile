@@ -20,7 +20,7 @@ ifeq ($(shell $(CC) --version 2>/dev/null | grep -c clang),0)
 WARN    += -Wno-format-truncation
 endif
 BASEFLAGS := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) -ffp-contract=off -fno-math-errno -fno-strict-aliasing -Isrc -pthread $(SAN)
-LDLIBS  := -ljansson -lpcre2-8 -lm -lpthread
+LDLIBS  := -ljansson -lpcre2-8 -luring -lxxhash -lcrypto -lm -lpthread
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
@@ -28,7 +28,7 @@ FLAGS_kern_avx2   := -mavx2 -mfma -mf16c
 FLAGS_kern_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 endif
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/tokenizer/*.c))
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/store/*.c src/tokenizer/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
@@ -55,7 +55,7 @@ $(BUILD)/test_runner: $(LIB_OBJ) $(TEST_OBJ)
 # Fuzz targets linked with a plain driver that replays a corpus (no clang needed).
 $(BUILD)/fuzz/%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/replay.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 
@@ -86,7 +86,7 @@ fuzz:
 
 bench: $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB_OBJ)
-	$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # NEON kernels checked bit for bit against the scalar reference under qemu (needs Debian's
 # gcc-aarch64-linux-gnu and qemu-user; tests/run.sh runs this when both are installed).

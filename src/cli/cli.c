@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "engine/session.h"
+#include "store/store.h"
 
 int cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
 {
@@ -115,10 +117,107 @@ int cli_default_model(char *out, size_t cap, errbuf *err)
     return errbuf_set(err, "no --model given and the bundled model (models/default) was not found");
 }
 
-int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, errbuf *err)
+/* "1.23 GB", "45.6 MB", "789 KB" */
+static const char *human(double bytes, char *buf, size_t cap)
+{
+    if (bytes >= 1e9)
+        snprintf(buf, cap, "%.2f GB", bytes / 1e9);
+    else if (bytes >= 1e6)
+        snprintf(buf, cap, "%.1f MB", bytes / 1e6);
+    else
+        snprintf(buf, cap, "%.0f KB", bytes / 1e3);
+    return buf;
+}
+
+const char *CLI_STORE_HELP =
+    "weight store: [--ram-budget BYTES] [--drives DIR,...] [--emulate-drives MBps:lat_us,...]\n"
+    "              [--prefetch on|off] [--io uring|pread] [--no-verify]\n"
+    "  --model takes a Hugging Face folder or a DFSP store (deltafin prepare). --ram-budget (e.g. 8G)\n"
+    "  bounds the RAM for weights: the spine stays resident, experts stream through a cache of\n"
+    "  what is left. Without it, everything stays mapped when it fits in 80% of physical memory.\n";
+
+void cli_store_opts_default(cli_store_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->prefetch = 1;
+    o->verify = 1;
+}
+
+int cli_store_opt(const char *cmd, int argc, char **argv, int *i, cli_store_opts *o)
+{
+    const char *v;
+    int r;
+    if (!strcmp(argv[*i], "--no-verify")) {
+        o->verify = 0;
+        return 1;
+    }
+    if ((r = cli_opt(argc, argv, i, "--ram-budget", &v)) || (r = cli_opt(argc, argv, i, "--drives", &v)) ||
+        (r = cli_opt(argc, argv, i, "--emulate-drives", &v)) || (r = cli_opt(argc, argv, i, "--prefetch", &v)) ||
+        (r = cli_opt(argc, argv, i, "--io", &v))) {
+        if (r < 0) {
+            cli_usage(cmd, "%s needs a value", argv[*i]);
+            return -1;
+        }
+        const char *a = argv[*i - (strchr(argv[*i], '=') ? 0 : 1)];
+        uint64_t bytes;
+        if (!strncmp(a, "--ram-budget", 12)) {
+            if (store_parse_bytes(v, &bytes) != 0) {
+                cli_usage(cmd, "--ram-budget expects bytes like 8G or 512M, got '%s'", v);
+                return -1;
+            }
+            o->ram_budget = v;
+        } else if (!strncmp(a, "--drives", 8)) {
+            o->drives = v;
+        } else if (!strncmp(a, "--emulate-drives", 16)) {
+            o->emulate = v;
+        } else if (!strncmp(a, "--prefetch", 10)) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                cli_usage(cmd, "--prefetch expects on or off, got '%s'", v);
+                return -1;
+            }
+            o->prefetch = !strcmp(v, "on");
+        } else {
+            if (strcmp(v, "uring") && strcmp(v, "pread")) {
+                cli_usage(cmd, "--io expects uring or pread, got '%s'", v);
+                return -1;
+            }
+            o->io = v;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Replaces the drive folder of every pack with the matching --drives entry. */
+static int override_drives(dfsp_info *info, const char *drives, errbuf *err)
+{
+    char buf[4096], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", drives);
+    char *dir[STORE_MAX_PACKS];
+    int n = 0;
+    for (char *t = strtok_r(buf, ",", &save); t && n < STORE_MAX_PACKS; t = strtok_r(NULL, ",", &save))
+        dir[n++] = t;
+    if (n != info->ndrives)
+        return errbuf_set(err, "--drives names %d folders, the store was prepared on %d", n, info->ndrives);
+    for (int i = 0; i < info->npacks; i++) {
+        const char *base = strrchr(info->pack_path[i], '/');
+        char np[1024];
+        snprintf(np, sizeof np, "%s/%s", dir[info->pack_drive[i]], base ? base + 1 : info->pack_path[i]);
+        snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", np);
+    }
+    return 0;
+}
+
+int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, const cli_store_opts *so,
+                    errbuf *err)
 {
     memset(e, 0, sizeof *e);
     char dir[4096];
+    cli_store_opts dflt;
+    if (!so) {
+        cli_store_opts_default(&dflt);
+        so = &dflt;
+    }
     if (!model_dir) {
         if (cli_default_model(dir, sizeof dir, err) != 0)
             return -1;
@@ -127,22 +226,119 @@ int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const cha
     e->k = kern_select(kernels);
     if (!e->k)
         return errbuf_set(err, "--kernels %s: not available on this CPU or build", kernels);
-    if (model_load(&e->m, model_dir, err) != 0)
+    blob_table bt;
+    dfsp_info *info = calloc(1, sizeof *info);
+    memset(&bt, 0, sizeof bt);
+    if (!info)
+        return errbuf_set(err, "out of memory");
+    e->dfsp = dfsp_is_store(model_dir);
+    if (e->dfsp) {
+        if (dfsp_open(model_dir, &e->m, &bt, info, err) != 0) {
+            free(info);
+            return -1;
+        }
+        if (so->drives && override_drives(info, so->drives, err) != 0)
+            goto fail;
+    } else if (model_load(&e->m, model_dir, err) != 0) {
+        free(info);
         return -1;
+    } else if (so->drives) {
+        errbuf_set(err, "--drives applies to a DFSP store (deltafin prepare), not to a Hugging Face folder");
+        goto fail;
+    }
+    /* stream the experts when asked to, or when the model does not fit in 80% of RAM */
+    uint64_t budget = 0, ram = store_physical_ram();
+    if (!bt.n && blob_table_build(&bt, &e->m, err) != 0)
+        goto fail;
+    int stream = so->ram_budget != NULL || (ram && bt.spine_bytes + bt.expert_bytes > ram / 10 * 8);
+    if (so->ram_budget)
+        store_parse_bytes(so->ram_budget, &budget);
+    else
+        budget = ram / 10 * 8;
+    if (stream && bt.expert_bytes > 0) {
+        if (budget <= bt.spine_bytes) {
+            char hb[32], hs[32];
+            errbuf_set(err, "RAM budget %s does not cover the spine (%s, which stays resident)",
+                       human(budget, hb, sizeof hb), human(bt.spine_bytes, hs, sizeof hs));
+            goto fail;
+        }
+        store_cfg sc;
+        memset(&sc, 0, sizeof sc);
+        io_cfg_default(&sc.io);
+        sc.ram_budget = budget - bt.spine_bytes;
+        sc.prefetch = so->prefetch;
+        sc.verify = so->verify;
+        if (so->io)
+            sc.io.backend = !strcmp(so->io, "uring") ? IO_URING : IO_PREAD;
+        if (so->emulate && io_parse_emulation(&sc.io, so->emulate, err) != 0)
+            goto fail;
+        char heat[4200];
+        if (e->dfsp) {
+            snprintf(heat, sizeof heat, "%s/heat.bin", model_dir);
+            sc.heat_path = heat;
+        }
+        if (store_open(&e->store, &e->m, &bt, e->dfsp ? info : NULL, &sc, err) != 0)
+            goto fail;
+    } else if (so->emulate || so->ram_budget) {
+        /* nothing streams (no experts): the store options have nothing to act on */
+    }
+    blob_table_free(&bt);
+    free(info);
     e->pool = pool_new(threads > 0 ? threads : pool_ncpu(), err);
     if (!e->pool) {
-        model_free(&e->m);
+        cli_engine_close(e);
         return -1;
     }
     return 0;
+fail:
+    blob_table_free(&bt);
+    free(info);
+    model_free(&e->m);
+    return -1;
 }
 
 void cli_engine_close(cli_engine *e)
 {
+    store_free(e->store);
     pool_free(e->pool);
     if (e->m.L)
         model_free(&e->m);
     memset(e, 0, sizeof *e);
+}
+
+void cli_engine_attach(cli_engine *e, struct session *s) { session_set_experts(s, e->store ? store_experts(e->store) : NULL); }
+
+void cli_engine_stats(cli_engine *e, int tokens, double seconds)
+{
+    if (!e->store) {
+        fprintf(stderr, "[stats] weights: all resident (mapped)\n");
+        return;
+    }
+    store_stats st;
+    store_stats_get(e->store, &st);
+    const blob_table *bt = store_blobs(e->store);
+    double tok = tokens > 0 ? tokens : 1;
+    char h1[32], h2[32], h3[32], h4[32];
+    fprintf(stderr,
+            "[stats] store: %s, %d expert slots of %s (%s), spine %s resident, prefetch %s\n"
+            "[stats] experts: %s read per token (spine 0), hit rate %.1f%% (%llu/%llu), read amplification "
+            "%.3f, stalled on I/O %.3f s, at most %llu read(s) of one blob per pass\n",
+            e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store), human(store_slot_bytes(e->store), h1, 32),
+            human(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32), human(bt->spine_bytes, h3, 32),
+            store_experts(e->store)->prefetch ? "on" : "off", human(st.bytes_read / tok, h4, 32),
+            st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0, (unsigned long long)st.hits,
+            (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
+            st.stall_s, (unsigned long long)st.max_reads_blob_pass);
+    for (int d = 0; d < store_ndrives(e->store); d++) {
+        io_drive_stats ds;
+        io_stats(store_io(e->store), d, &ds);
+        fprintf(stderr,
+                "[stats] drive %d (%s): %s in %llu reads, %.2f GB/s while busy, %.2f GB/s over the run, "
+                "latency p50 %.0f us p99 %.0f us\n",
+                d, io_backend_name(store_io(e->store)), human(ds.bytes, h1, 32), (unsigned long long)ds.reqs,
+                ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0,
+                io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
+    }
 }
 
 int cli_fail(const char *cmd, const errbuf *err)

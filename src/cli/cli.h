@@ -22,14 +22,40 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n, errbuf *err);
 /* The bundled default model folder (models/default next to the binary, or $DELTAFIN_MODEL). */
 int cli_default_model(char *out, size_t cap, errbuf *err);
 
-/* The engine a subcommand runs on: model, kernels and threads. */
+/* Weight-store options shared by run and eval (--ram-budget, --drives, --emulate-drives,
+ * --prefetch, --io). */
+typedef struct cli_store_opts {
+    const char *ram_budget; /* NULL: derived from physical memory */
+    const char *drives;     /* comma-separated folders replacing the store's drive folders */
+    const char *emulate;    /* "MBps:latency_us,..." */
+    const char *io;         /* uring | pread */
+    int prefetch;           /* 1 unless --prefetch off */
+    int verify;             /* 1 unless --no-verify */
+} cli_store_opts;
+void cli_store_opts_default(cli_store_opts *o);
+/* Consumes argv[*i] if it is a store option: 1 consumed, 0 not one, -1 usage error (printed). */
+int cli_store_opt(const char *cmd, int argc, char **argv, int *i, cli_store_opts *o);
+extern const char *CLI_STORE_HELP;
+
+struct session;
+struct store;
+
+/* The engine a subcommand runs on: model, kernels, threads, and the weight store when experts
+ * stream (NULL when every weight is resident). */
 typedef struct cli_engine {
     model m;
     const kern_ops *k;
     pool *pool;
+    struct store *store;
+    int dfsp;
 } cli_engine;
-int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, errbuf *err);
+int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, const cli_store_opts *so,
+                    errbuf *err);
 void cli_engine_close(cli_engine *e);
+/* Points a session's expert reads at the engine's store (no-op when all is resident). */
+void cli_engine_attach(cli_engine *e, struct session *s);
+/* --stats lines about the store (nothing when all is resident). */
+void cli_engine_stats(cli_engine *e, int tokens, double seconds);
 
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */
@@ -37,6 +63,8 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 int cmd_run(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -5,38 +5,56 @@
 #include "base/timer.h"
 #include "cli/cli.h"
 #include "engine/generate.h"
+#include "tokenizer/tok.h"
 
 static const char *HELP =
-    "usage: deltafin run [--model DIR] --tokens 1,2,3 [--max-new N] [--temperature T] [--top-p P]\n"
-    "                    [--top-k K] [--min-p P] [--seed S] [--threads N] [--prefill-chunk N]\n"
-    "                    [--print-ids] [--stop-eos] [--stats] [--kernels auto|scalar|avx2|avx512]\n"
+    "usage: deltafin run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [--chat] [--system TEXT]\n"
+    "                    [--no-thinking] [--thinking-effort low|high|max] [--max-new N] [--temperature T]\n"
+    "                    [--top-p P] [--top-k K] [--min-p P] [--seed S] [--threads N] [--prefill-chunk N]\n"
+    "                    [--print-ids] [--ignore-eos] [--stop-eos] [--stats] [--kernels auto|scalar|avx2|avx512]\n"
     "Without --model the bundled default model is used. Temperature 0 (the default) is greedy.\n"
+    "--prompt is encoded with the model's tokenizer (text typed there never becomes special tokens);\n"
+    "--chat renders it as a user message in the model's chat format and stops at the end of the\n"
+    "reply. Text modes stop at end-of-text/end-of-message ids unless --ignore-eos.\n"
     "--tokens is the raw interface: it generates exactly --max-new ids unless --stop-eos.\n"
-    "--stats prints time to first token, tokens/s and per-phase times on stderr.\n";
+    "Output is text, or the generated ids with --print-ids. --stats prints time to first token,\n"
+    "tokens/s, per-phase times and weight-store figures on stderr.\n";
 
 struct emit {
     int print_ids;
     int n;
+    tok_stream *ts; /* NULL: print ids */
 };
 
 static int on_token(void *ud, int32_t id)
 {
     struct emit *e = ud;
-    printf(e->n++ ? " %d" : "%d", id);
+    if (e->print_ids || !e->ts) {
+        printf(e->n++ ? " %d" : "%d", id);
+    } else {
+        size_t n;
+        const char *txt = tok_stream_feed(e->ts, id, &n);
+        fwrite(txt, 1, n, stdout);
+        e->n++;
+    }
     fflush(stdout);
     return 0;
 }
 
 int cmd_run(int argc, char **argv)
 {
-    const char *cmd = "run", *model_dir = NULL, *tokens = NULL, *kernels = NULL, *v;
+    const char *cmd = "run", *model_dir = NULL, *tokens = NULL, *prompt = NULL, *system = NULL, *kernels = NULL,
+               *effort = NULL, *v;
     long threads = 0, max_new = 64, chunk = 0, top_k = 0, seed = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
-    int print_ids = 0, stats = 0, stop_eos = 0;
+    int print_ids = 0, stats = 0, stop_eos = 0, ignore_eos = 0, chat = 0, thinking = 1;
+    cli_store_opts so;
+    cli_store_opts_default(&so);
     for (int i = 1; i < argc; i++) {
         int r = 0;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(HELP, stdout);
+            fputs(CLI_STORE_HELP, stdout);
             return 0;
         } else if (!strcmp(argv[i], "--print-ids")) {
             print_ids = 1;
@@ -44,14 +62,28 @@ int cmd_run(int argc, char **argv)
             stats = 1;
         } else if (!strcmp(argv[i], "--stop-eos")) {
             stop_eos = 1;
+        } else if (!strcmp(argv[i], "--ignore-eos")) {
+            ignore_eos = 1;
+        } else if (!strcmp(argv[i], "--chat")) {
+            chat = 1;
+        } else if (!strcmp(argv[i], "--no-thinking")) {
+            thinking = 0;
+        } else if ((r = cli_store_opt(cmd, argc, argv, &i, &so))) {
+            if (r < 0)
+                return 2;
+            continue;
         } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
             model_dir = v;
         } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
             tokens = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
+            prompt = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--system", &v))) {
+            system = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--thinking-effort", &v))) {
+            effort = v;
         } else if ((r = cli_opt(argc, argv, &i, "--kernels", &v))) {
             kernels = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
-            return cli_usage(cmd, "--prompt needs the tokenizer, which this build does not have yet; use --tokens");
         } else if ((r = cli_opt(argc, argv, &i, "--max-new", &v))) {
             if (r > 0 && cli_long(cmd, "--max-new", v, 0, 1 << 30, &max_new))
                 return 2;
@@ -82,29 +114,91 @@ int cmd_run(int argc, char **argv)
         if (r < 0)
             return cli_usage(cmd, "%s needs a value", argv[i]);
     }
-    if (!tokens)
-        return cli_usage(cmd, "--tokens is required");
+    if (!tokens == !prompt)
+        return cli_usage(cmd, "give exactly one of --prompt and --tokens");
+    if (chat && !prompt)
+        return cli_usage(cmd, "--chat needs --prompt");
     errbuf err;
-    int32_t *ids = NULL;
-    int n = 0, rc = 1;
-    if (cli_parse_ids(tokens, &ids, &n, &err) != 0)
-        return cli_fail(cmd, &err);
-    if (n == 0) {
-        free(ids);
-        return cli_usage(cmd, "--tokens is empty");
-    }
     double t0 = timer_now();
     cli_engine e;
     session s;
     sampler sm;
+    tok *tk = NULL;
+    tok_stream ts;
+    tok_ids ids = {0};
     float *logits = NULL;
+    int rc = 1, have_stream = 0;
+    int32_t *stop = NULL;
     memset(&s, 0, sizeof s);
     memset(&sm, 0, sizeof sm);
-    if (cli_engine_open(&e, model_dir, (int)threads, kernels, &err) != 0) {
-        free(ids);
+    memset(&ts, 0, sizeof ts);
+    if (cli_engine_open(&e, model_dir, (int)threads, kernels, &so, &err) != 0)
         return cli_fail(cmd, &err);
-    }
     double t_load = timer_now() - t0;
+    const hparams *hp = &e.m.hp;
+    int nstop = 0;
+    if (tokens) {
+        int32_t *raw;
+        int n;
+        if (cli_parse_ids(tokens, &raw, &n, &err) != 0)
+            goto out;
+        for (int i = 0; i < n; i++)
+            tok_ids_push(&ids, raw[i]);
+        free(raw);
+        if (ids.n == 0) {
+            cli_engine_close(&e);
+            tok_ids_free(&ids);
+            return cli_usage(cmd, "--tokens is empty");
+        }
+    }
+    if (prompt || !print_ids) { /* text needs the tokenizer; ids alone do not */
+        if (tok_load(&tk, e.m.dir, &err) != 0) {
+            if (prompt)
+                goto out;
+            tk = NULL; /* --tokens without a tokenizer: print ids */
+        }
+    }
+    if (prompt) {
+        if (chat) {
+            json_t *msgs = json_array();
+            if (system)
+                json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+            tok_chat_opts co;
+            tok_chat_opts_init(&co);
+            co.thinking = thinking;
+            co.thinking_effort = effort;
+            int r = tok_chat_encode(tk, msgs, &co, &ids, &err);
+            json_decref(msgs);
+            if (r != 0)
+                goto out;
+        } else if (tok_encode(tk, prompt, strlen(prompt), TOK_SPECIAL_NONE, &ids, &err) != 0) {
+            goto out;
+        }
+        if (ids.n == 0) {
+            errbuf_set(&err, "the prompt encodes to no tokens");
+            goto out;
+        }
+    }
+    /* stop ids: text modes stop at the model's and the chat format's end ids */
+    if ((prompt && !ignore_eos) || stop_eos) {
+        const int32_t *ts_ids = NULL;
+        int nt = tk ? tok_stop_ids(tk, &ts_ids) : 0;
+        stop = malloc(sizeof(int32_t) * (size_t)(hp->n_eos + nt + 1));
+        if (!stop) {
+            errbuf_set(&err, "out of memory");
+            goto out;
+        }
+        for (int i = 0; i < hp->n_eos; i++)
+            stop[nstop++] = hp->eos_ids[i];
+        for (int i = 0; i < nt; i++)
+            stop[nstop++] = ts_ids[i];
+    }
+    if (tk && !print_ids) {
+        if (tok_stream_init(&ts, tk, 1, &err) != 0)
+            goto out;
+        have_stream = 1;
+    }
     sampler_cfg sc;
     sampler_cfg_default(&sc);
     sc.temperature = (float)temp;
@@ -112,18 +206,24 @@ int cmd_run(int argc, char **argv)
     sc.top_p = (float)top_p;
     sc.min_p = (float)min_p;
     sc.seed = (uint64_t)seed;
-    int T = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
-    gen_req rq = {ids, n, (int)max_new, e.m.hp.eos_ids, stop_eos ? e.m.hp.n_eos : 0, T};
-    struct emit em = {print_ids, 0};
+    int n = (int)ids.n, T = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
+    gen_req rq = {ids.v, n, (int)max_new, stop, nstop, T};
+    struct emit em = {print_ids, 0, have_stream ? &ts : NULL};
     gen_stats st;
-    if (!(logits = malloc(sizeof(float) * (size_t)e.m.hp.vocab))) {
+    if (!(logits = malloc(sizeof(float) * (size_t)hp->vocab))) {
         errbuf_set(&err, "out of memory");
         goto out;
     }
-    if (sampler_init(&sm, &sc, e.m.hp.vocab, &err) || session_init(&s, &e.m, e.k, e.pool, n + (int)max_new, T, &err))
+    if (sampler_init(&sm, &sc, hp->vocab, &err) || session_init(&s, &e.m, e.k, e.pool, n + (int)max_new, T, &err))
         goto out;
+    cli_engine_attach(&e, &s);
     if (gen_run(&s, &sm, &rq, logits, on_token, &em, &st, &err) != 0)
         goto out;
+    if (have_stream) {
+        size_t len;
+        const char *rest = tok_stream_flush(&ts, &len);
+        fwrite(rest, 1, len, stdout);
+    }
     printf("\n");
     fflush(stdout);
     if (stats) {
@@ -131,18 +231,23 @@ int cmd_run(int argc, char **argv)
                 "[stats] model %s, kernels %s, %d threads\n"
                 "[stats] load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | time to first token %.3f s\n"
                 "[stats] generated %d tokens, decode %.2f tok/s (%.3f s for %d after the first)\n",
-                e.m.hp.arch, e.k->name, pool_size(e.pool), t_load, st.n_prompt, st.t_prefill,
+                hp->arch, e.k->name, pool_size(e.pool), t_load, st.n_prompt, st.t_prefill,
                 st.t_prefill > 0 ? st.n_prompt / st.t_prefill : 0.0, st.t_first, st.n_gen,
                 st.t_decode > 0 && st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0.0, st.t_decode, st.n_gen - 1);
+        cli_engine_stats(&e, st.n_prompt + st.n_gen, st.t_prefill + st.t_decode);
     }
     rc = 0;
 out:
     if (rc)
         cli_fail(cmd, &err);
     free(logits);
+    free(stop);
     sampler_free(&sm);
     session_free(&s);
+    if (have_stream)
+        tok_stream_free(&ts);
+    tok_free(tk);
+    tok_ids_free(&ids);
     cli_engine_close(&e);
-    free(ids);
     return rc;
 }

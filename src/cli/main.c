@@ -12,6 +12,8 @@ static const struct {
     {"run", cmd_run, "generate text or token ids from a prompt"},
     {"eval", cmd_eval, "write the logits of every position of a token list"},
     {"synth", cmd_synth, "write a random-weight checkpoint in a real release format"},
+    {"prepare", cmd_prepare, "write a DFSP store (experts as aligned blobs over drives) from a checkpoint"},
+    {"doctor", cmd_doctor, "measure drives' O_DIRECT bandwidth and latency; verify a store"},
     {"tokenize", cmd_tokenize, "text or chat messages to token ids, and ids back to text"},
 };
 

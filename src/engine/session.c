@@ -201,7 +201,7 @@ static int run_ffn(const blk *b, int i, const float *x, int T, float *out)
 {
     const layer_w *L = &b->m->L[i];
     size_t mark = arena_mark(b->ar);
-    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, &L->moe, x, T, out)
+    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, i, x, T, out)
                                            : blk_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
     arena_rewind(b->ar, mark);
     return rc;
@@ -237,7 +237,9 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
             return errbuf_set(err, "token id %d at position %d is outside the vocabulary (0..%d)", tokens[t], t,
                               hp->vocab - 1);
     size_t mark = arena_mark(&s->ar);
-    blk b = {m, hp, s->k, s->pool, &s->ar, err};
+    blk b = {m, hp, s->k, s->pool, &s->ar, err, s->xs};
+    if (s->xs && s->xs->pass_begin)
+        s->xs->pass_begin(s->xs->ctx, T);
     size_t TH = (size_t)T * H;
     float *h = blk_alloc(&b, TH), *x = blk_alloc(&b, TH), *a = blk_alloc(&b, TH);
     int rc = -1;

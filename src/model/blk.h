@@ -32,6 +32,23 @@ typedef struct layer_state {
                      GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
 } layer_state;
 
+/* Where routed experts' bytes come from during a pass (the weight store implements this).
+ * NULL in blk means the model's own views: every expert resident. The MoE block asks for the
+ * union of its positions' experts with begin(), computes each expert as next() hands it over (in
+ * whatever order the bytes arrive: results are summed in a fixed order afterwards, so the order
+ * never changes a bit), and release()s it. */
+typedef struct expert_src {
+    void *ctx;
+    int (*begin)(void *ctx, int layer, const int *ids, int n, errbuf *err);
+    /* 1 with *id and its matrices (valid until release), 0 when all were handed over, -1 error */
+    int (*next)(void *ctx, int *id, mlp_w *mats, errbuf *err);
+    void (*release)(void *ctx, int layer, int id);
+    /* optional: `layer` will probably need these soon (router lookahead); only starts reads */
+    void (*prefetch)(void *ctx, int layer, const int *ids, int n);
+    /* optional: a new pass begins (for per-pass statistics) */
+    void (*pass_begin)(void *ctx, int tokens);
+} expert_src;
+
 typedef struct blk {
     const model *m;
     const hparams *hp;
@@ -39,6 +56,7 @@ typedef struct blk {
     pool *pool;
     arena *ar;       /* pass scratch */
     errbuf *err;
+    const expert_src *xs; /* NULL: experts from the model's views */
 } blk;
 
 /* Float scratch from the pass arena; NULL (with b->err set) if the arena is exhausted. */
@@ -64,6 +82,6 @@ int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
-int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out);
+int blk_moe(const blk *b, int layer, const float *x, int T, float *out);
 
 #endif

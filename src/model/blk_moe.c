@@ -92,20 +92,41 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
         wt[j] *= hp->routed_scale;
 }
 
-int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
+/* Router lookahead: the experts layer `next` would pick for x (the input of this layer's FFN
+ * stands in for the next layer's, which does not exist yet); only a prefetch hint. */
+static void lookahead(const blk *b, int next, const float *x, int T, float *logit, float *tmp)
 {
     const hparams *hp = b->hp;
+    if (next >= hp->n_layers || hp->ffn_kind[next] != FFN_MOE)
+        return;
+    int *sel = (int *)blk_alloc(b, (size_t)hp->top_k);
+    float *wt = blk_alloc(b, (size_t)hp->top_k);
+    if (!sel || !wt)
+        return; /* a hint only */
+    const moe_w *w = &b->m->L[next].moe;
+    blk_matmul(b, &w->router, x, T, logit);
+    for (int t = 0; t < T; t++) {
+        route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
+        b->xs->prefetch(b->xs->ctx, next, sel, hp->top_k);
+    }
+}
+
+int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    const moe_w *w = &b->m->L[layer].moe;
     int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
     float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, 2 * (size_t)E);
     float *wt = blk_alloc(b, (size_t)T * K), *slots = blk_alloc(b, (size_t)T * K * D);
-    int *sel = (int *)blk_alloc(b, (size_t)T * K), *rows = (int *)blk_alloc(b, (size_t)T);
+    int *sel = (int *)blk_alloc(b, (size_t)T * K), *rows = (int *)blk_alloc(b, (size_t)T * K);
+    int *uni = (int *)blk_alloc(b, (size_t)E);
     int *slot_of = (int *)blk_alloc(b, (size_t)T);
     float *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
     float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
     float *g = blk_alloc(b, (size_t)T * I), *u = blk_alloc(b, (size_t)T * I);
     float *r = blk_alloc(b, (size_t)T * D);
-    if (!logit || !tmp || !wt || !slots || !sel || !rows || !slot_of || (hp->latent && !xe) || !gx || !gy || !g ||
-        !u || !r)
+    if (!logit || !tmp || !wt || !slots || !sel || !rows || !uni || !slot_of || (hp->latent && !xe) || !gx || !gy ||
+        !g || !u || !r)
         return -1;
     blk_matmul(b, &w->router, x, T, logit);
     for (int t = 0; t < T; t++)
@@ -113,7 +134,34 @@ int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
     if (hp->latent)
         blk_matmul(b, &w->lat_down, x, T, xe);
     const float *xin = hp->latent ? xe : x;
-    for (int e = 0; e < E; e++) { /* each chosen expert once, over its positions */
+    /* the union of the positions' experts, each computed once over the positions that chose it */
+    int nu = 0;
+    for (int e = 0; e < E; e++) {
+        int used = 0;
+        for (int j = 0; j < T * K && !used; j++)
+            used = sel[j] == e;
+        if (used)
+            uni[nu++] = e;
+    }
+    if (b->xs && b->xs->begin(b->xs->ctx, layer, uni, nu, b->err) != 0)
+        return -1;
+    if (b->xs && b->xs->prefetch)
+        lookahead(b, layer + 1, x, T, logit, tmp);
+    for (int k = 0; k < nu; k++) {
+        int e;
+        mlp_w mats;
+        const mlp_w *ex;
+        if (b->xs) {
+            int got = b->xs->next(b->xs->ctx, &e, &mats, b->err);
+            if (got < 0)
+                return -1;
+            if (got == 0)
+                return errbuf_set(b->err, "layer %d: the expert source handed over %d of %d experts", layer, k, nu);
+            ex = &mats;
+        } else {
+            e = uni[k];
+            ex = &w->experts[e];
+        }
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int j = 0; j < K; j++)
@@ -123,15 +171,14 @@ int blk_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
                     memcpy(gx + (size_t)n * D, xin + (size_t)t * D, sizeof(float) * (size_t)D);
                     n++;
                 }
-        if (n == 0)
-            continue;
-        const mlp_w *ex = &w->experts[e];
         blk_matmul(b, &ex->gate, gx, n, g);
         blk_matmul(b, &ex->up, gx, n, u);
         blk_glu(hp, g, u, (size_t)n * I);
         blk_matmul(b, &ex->down, g, n, gy);
         for (int i = 0; i < n; i++)
             memcpy(slots + ((size_t)rows[i] * K + slot_of[i]) * D, gy + (size_t)i * D, sizeof(float) * (size_t)D);
+        if (b->xs)
+            b->xs->release(b->xs->ctx, layer, e);
     }
     for (int t = 0; t < T; t++) {
         float *rt = r + (size_t)t * D;

@@ -266,17 +266,30 @@ int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err)
     return 0;
 }
 
-int model_load(model *m, const char *dir, errbuf *err)
+int model_load(model *m, const char *dir, errbuf *err) { return model_load_set(m, dir, NULL, err); }
+
+int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err)
 {
+    st_set given;
+    if (tensors) { /* take ownership before anything can fail */
+        given = *tensors;
+        memset(tensors, 0, sizeof *tensors);
+    }
     memset(m, 0, sizeof *m);
+    if (tensors)
+        m->st = given;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (!file_is_dir(dir))
+    if (!file_is_dir(dir)) {
+        st_close(&m->st);
         return errbuf_set(err, "%s: not a model folder", dir);
+    }
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *cfg = jsonr_load_file(path, err), *gen = NULL;
-    if (!cfg)
+    if (!cfg) {
+        st_close(&m->st);
         return -1;
+    }
     int rc = -1;
     if (model_config(&m->hp, cfg, path, err) != 0)
         goto out;
@@ -286,7 +299,7 @@ int model_load(model *m, const char *dir, errbuf *err)
             goto out;
         add_eos(&m->hp, gen);
     }
-    if (st_open_dir(&m->st, dir, err) != 0)
+    if (!tensors && st_open_dir(&m->st, dir, err) != 0)
         goto out;
     const char *prefix = st_find(&m->st, "language_model.model.embed_tokens.weight") ? "language_model." : "";
     m->L = calloc((size_t)m->hp.n_layers, sizeof *m->L);

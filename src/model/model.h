@@ -140,6 +140,9 @@ typedef struct model {
 } model;
 
 int model_load(model *m, const char *dir, errbuf *err);
+/* The same with the tensors supplied by the caller (a weight store's packs); the model takes
+ * ownership of *tensors (also on failure). dir still provides config.json. */
+int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err);
 /* Only the config: fills hp from a parsed config.json (`where` names it in errors). */
 int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err);
 void model_free(model *m);

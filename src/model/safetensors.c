@@ -154,6 +154,7 @@ int st_parse(const uint8_t *buf, size_t size, const char *path, int file, st_ten
         }
         x->data = data + x->begin;
         x->file = file;
+        x->file_off = 8 + hlen + x->begin;
         (*np)++;
     }
     json_decref(root);
@@ -196,7 +197,7 @@ static int add_file(st_set *s, const char *path, errbuf *err)
     return st_parse(nf->map.data, nf->map.size, path, s->nfiles - 1, &s->t, &s->n, err);
 }
 
-static int finish(st_set *s, errbuf *err)
+int st_finish(st_set *s, errbuf *err)
 {
     qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_name);
     for (int i = 1; i < s->n; i++)
@@ -214,7 +215,7 @@ int st_open_files(st_set *s, const char *const *paths, int npaths, errbuf *err)
             st_close(s);
             return -1;
         }
-    if (finish(s, err) != 0) {
+    if (st_finish(s, err) != 0) {
         st_close(s);
         return -1;
     }
@@ -255,7 +256,7 @@ static int open_index(st_set *s, const char *dir, const char *ipath, errbuf *err
             break;
     }
     if (rc == 0)
-        rc = finish(s, err);
+        rc = st_finish(s, err);
     if (rc == 0) /* every tensor the index names is in the shard it names */
         json_object_foreach(wm, key, v)
         {
@@ -300,7 +301,7 @@ int st_open_dir(st_set *s, const char *dir, errbuf *err)
         }
         rc = add_file(s, path, err);
         if (rc == 0)
-            rc = finish(s, err);
+            rc = st_finish(s, err);
     }
     if (rc != 0)
         st_close(s);

@@ -48,6 +48,7 @@ typedef struct st_tensor {
     uint64_t begin, end;          /* data_offsets, relative to the data area */
     const uint8_t *data;          /* [end - begin] bytes, inside the file map */
     int file;                     /* index into st_set.files */
+    uint64_t file_off;            /* absolute offset of the bytes in that file (for direct reads) */
 } st_tensor;
 
 typedef struct st_file {
@@ -72,6 +73,8 @@ int st_parse(const uint8_t *buf, size_t size, const char *path, int file, st_ten
 /* Opens dir/model.safetensors.index.json if present, else dir/model.safetensors (or a single
  * *.safetensors file in dir). */
 int st_open_dir(st_set *s, const char *dir, errbuf *err);
+/* Sorts s->t by name and rejects duplicates (for sets assembled by other readers). */
+int st_finish(st_set *s, errbuf *err);
 /* Opens explicit files (used by tests and tools). */
 int st_open_files(st_set *s, const char *const *paths, int npaths, errbuf *err);
 void st_close(st_set *s);

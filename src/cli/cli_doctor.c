@@ -1,0 +1,197 @@
+/* cli_doctor.c — `deltafin doctor`: measure each drive folder's O_DIRECT read bandwidth and
+ * latency (the denominator of every storage ratio), and check a DFSP store's blobs.
+ * Read-only with respect to models: it writes one temporary file per drive and removes it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/rng.h"
+#include "base/timer.h"
+#include "cli/cli.h"
+#include "store/store.h"
+
+static const char *HELP =
+    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--model STORE]\n"
+    "For each drive folder: O_DIRECT sequential read bandwidth at several request sizes and queue\n"
+    "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
+    "1G) that is removed afterwards. With --model STORE: reads every blob of a DFSP store and checks\n"
+    "its xxh3 checksum.\n";
+
+static int write_temp(const char *path, uint64_t size, errbuf *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errbuf_errno(err, path);
+    size_t chunk = 8 << 20;
+    uint8_t *buf = malloc(chunk);
+    rng r;
+    rng_seed(&r, 1);
+    for (size_t i = 0; buf && i < chunk; i += 8) {
+        uint64_t v = rng_next(&r);
+        memcpy(buf + i, &v, 8);
+    }
+    int rc = buf ? 0 : -1;
+    for (uint64_t off = 0; rc == 0 && off < size; off += chunk)
+        if (write(fd, buf, chunk) != (ssize_t)chunk)
+            rc = errbuf_errno(err, path);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = errbuf_errno(err, path);
+    close(fd);
+    free(buf);
+    return rc;
+}
+
+/* sequential O_DIRECT reads of the whole file with `depth` requests of `req` bytes in flight */
+static double seq_bw(const char *path, uint64_t size, uint64_t req, int depth, errbuf *err)
+{
+    io_cfg c;
+    io_cfg_default(&c);
+    c.depth = depth;
+    c.chunk = req;
+    io_engine *io = io_new(&c, err);
+    if (!io)
+        return -1;
+    int f = io_open(io, path, 0, 1, err);
+    uint8_t *buf = NULL;
+    if (f < 0 || posix_memalign((void **)&buf, 4096, (size_t)req * (size_t)depth) != 0) {
+        io_free(io);
+        return -1;
+    }
+    double t0 = timer_now();
+    uint64_t off = 0, done = 0;
+    int inflight = 0, ok;
+    uint64_t tag;
+    while (done < size) {
+        while (inflight < depth && off < size) {
+            if (io_read(io, f, off, req, buf + (size_t)(inflight % depth) * req, off, err) != 0)
+                break;
+            off += req;
+            inflight++;
+        }
+        if (io_reap(io, &tag, &ok, 1, err) != 1 || !ok)
+            break;
+        inflight--;
+        done += req;
+    }
+    double dt = timer_now() - t0;
+    io_free(io);
+    free(buf);
+    return done >= size ? (double)size / dt / 1e9 : -1;
+}
+
+static void rand_lat(const char *path, uint64_t size, double *p50, double *p99, errbuf *err)
+{
+    io_cfg c;
+    io_cfg_default(&c);
+    c.depth = 1;
+    io_engine *io = io_new(&c, err);
+    *p50 = *p99 = 0;
+    if (!io)
+        return;
+    int f = io_open(io, path, 0, 1, err);
+    uint8_t *buf = NULL;
+    if (f >= 0 && posix_memalign((void **)&buf, 4096, 4096) == 0) {
+        rng r;
+        rng_seed(&r, 2);
+        uint64_t tag;
+        int ok;
+        for (int i = 0; i < 2000; i++) {
+            uint64_t off = (rng_next(&r) % (size / 4096)) * 4096;
+            if (io_read(io, f, off, 4096, buf, 0, err) != 0 || io_reap(io, &tag, &ok, 1, err) != 1)
+                break;
+        }
+        io_drive_stats st;
+        io_stats(io, 0, &st);
+        *p50 = io_latency_pct(&st, 0.5);
+        *p99 = io_latency_pct(&st, 0.99);
+    }
+    free(buf);
+    io_free(io);
+}
+
+int cmd_doctor(int argc, char **argv)
+{
+    const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *v;
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(HELP, stdout);
+            return 0;
+        } else if ((r = cli_opt(argc, argv, &i, "--drives", &v))) {
+            drives = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--size", &v))) {
+            size_s = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
+            model = v;
+        } else {
+            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+        }
+        if (r < 0)
+            return cli_usage(cmd, "%s needs a value", argv[i]);
+    }
+    uint64_t size;
+    if (store_parse_bytes(size_s, &size) != 0 || size < (64u << 20))
+        return cli_usage(cmd, "--size expects at least 64M, got '%s'", size_s);
+    size = size / (8u << 20) * (8u << 20);
+    errbuf err;
+    if (!drives && !model)
+        drives = ".";
+    if (drives) {
+        char buf[8192], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", drives);
+        printf("| drive | best O_DIRECT read | request x depth | 4 KiB read p50 | p99 |\n|---|---|---|---|---|\n");
+        for (char *d = strtok_r(buf, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/.deltafin-doctor.%ld.tmp", d, (long)getpid());
+            if (write_temp(path, size, &err) != 0) {
+                unlink(path);
+                return cli_fail(cmd, &err);
+            }
+            static const uint64_t reqs[] = {128 << 10, 1 << 20, 4 << 20};
+            static const int depths[] = {1, 4, 16, 32};
+            double best = 0;
+            uint64_t br = 0;
+            int bd = 0;
+            for (size_t a = 0; a < 3; a++)
+                for (size_t b = 0; b < 4; b++) {
+                    double g = seq_bw(path, size, reqs[a], depths[b], &err);
+                    if (g > best) {
+                        best = g;
+                        br = reqs[a];
+                        bd = depths[b];
+                    }
+                }
+            double p50, p99;
+            rand_lat(path, size, &p50, &p99, &err);
+            unlink(path);
+            if (best <= 0) {
+                errbuf_set(&err, "%s: could not read the test file", d);
+                return cli_fail(cmd, &err);
+            }
+            printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us |\n", d, best, (unsigned long long)(br >> 10),
+                   bd, p50, p99);
+        }
+    }
+    if (model) {
+        cli_engine e;
+        cli_store_opts so;
+        cli_store_opts_default(&so);
+        so.ram_budget = "0"; /* replaced below: verification needs a store, any budget */
+        if (!dfsp_is_store(model)) {
+            errbuf_set(&err, "%s: not a DFSP store (deltafin prepare makes one)", model);
+            return cli_fail(cmd, &err);
+        }
+        so.ram_budget = "100T";
+        if (cli_engine_open(&e, model, 1, NULL, &so, &err) != 0)
+            return cli_fail(cmd, &err);
+        int rc = e.store ? store_verify_all(e.store, &err) : 0;
+        cli_engine_close(&e);
+        if (rc != 0)
+            return cli_fail(cmd, &err);
+        printf("%s: every blob matches its checksum\n", model);
+    }
+    return 0;
+}

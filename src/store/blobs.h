@@ -1,0 +1,65 @@
+/* blobs.h — the unit of storage and caching: a blob is one routed expert of one layer (its
+ * gate/up/down matrices with their scales, bytes exactly as released) or one layer's block of
+ * spine weights (everything else of that layer), or the model's global tensors.
+ *
+ * A blob table groups a checkpoint's tensors into blobs by name ("layers.{i}." and
+ * ".experts.{e}."), records each tensor's offset inside the blob image (parts 64-byte aligned,
+ * in name order), and where the bytes come from: for a Hugging Face folder one extent per tensor
+ * in the safetensors files; for a DFSP store one contiguous copy per drive (dfsp.h).
+ * For expert blobs it also records how to bind the expert's three matrices to an image in
+ * memory (blob_bind_expert), which is how the engine computes on a cache slot.
+ */
+#ifndef DF_STORE_BLOBS_H
+#define DF_STORE_BLOBS_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "model/model.h"
+
+enum { STORE_MAX_COPIES = 8, BLOB_ALIGN = 4096 };
+
+typedef enum { BLOB_GLOBAL, BLOB_SPINE, BLOB_EXPERT } blob_kind;
+
+typedef struct blob_part {
+    int tensor;         /* index into the model's st_set */
+    uint64_t off;       /* offset of the tensor's bytes inside the blob image */
+    uint64_t len;
+} blob_part;
+
+typedef struct blob_copy {
+    int file;           /* file index (HF: safetensors file; DFSP: pack) */
+    uint64_t off;       /* DFSP: offset of the contiguous image in the pack */
+} blob_copy;
+
+typedef struct blob {
+    int kind, layer, expert;
+    uint64_t size;      /* bytes of the image */
+    int first_part, nparts;
+    int ncopies;        /* DFSP copies (0 for a Hugging Face source: read part by part) */
+    blob_copy copy[STORE_MAX_COPIES];
+    uint64_t xxh3;      /* of the image (DFSP) */
+    /* expert blobs: offsets of the matrices inside the image, for gate, up, down */
+    uint64_t mat_data[3], mat_scale[3];
+} blob;
+
+typedef struct blob_table {
+    blob *b;            /* [n] */
+    int n;
+    blob_part *part;    /* [nparts] */
+    int nparts;
+    int *expert_blob;   /* [n_layers * n_experts]: blob id of (layer, expert), -1 if none */
+    int n_layers, n_experts;
+    uint64_t expert_bytes, spine_bytes; /* totals */
+    uint64_t max_expert; /* largest expert image */
+} blob_table;
+
+/* Groups m's tensors into blobs (tensors the text model does not use are left out). */
+int blob_table_build(blob_table *t, const model *m, errbuf *err);
+void blob_table_free(blob_table *t);
+/* Binds expert blob b's matrices to an image at base (views valid while base is). */
+void blob_bind_expert(const blob_table *t, const model *m, int b, const uint8_t *base, mlp_w *out);
+/* "layer 3 expert 17", "layer 3 spine", "globals" */
+void blob_name(const blob *b, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,548 @@
+/* cache.c — the expert cache and its expert_src (see store.h).
+ *
+ * Slot states: EMPTY -> LOADING (reads in flight) -> READY. A request (one layer of one pass)
+ * lists its experts; each item is READY (handed over on the next call to next()), LOADING, or
+ * waiting for a slot (when every slot is pinned, items are issued as earlier ones are released).
+ * Only the engine's compute thread calls into the cache.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/file.h"
+#include "base/timer.h"
+#include "store/store.h"
+
+enum { S_EMPTY, S_LOADING, S_READY };
+enum { R_WAIT, R_LOADING, R_READY, R_RETURNED };
+
+typedef struct slot {
+    int blob;        /* -1 when empty */
+    int state;
+    int pins;
+    int reads_left;
+    int bad;         /* failed its checksum or a read */
+    int prefetched;  /* loaded by prefetch and not yet requested */
+    uint64_t stamp;  /* last use */
+} slot;
+
+struct store {
+    const model *m;
+    blob_table bt;
+    int dfsp;
+    io_engine *io;
+    int file_id[STORE_MAX_PACKS > 256 ? STORE_MAX_PACKS : 256]; /* io file per pack / safetensors file */
+    char file_path[256][1024];
+    int pack_drive[STORE_MAX_PACKS];
+    int ndrives;
+    store_cfg cfg;
+    char heat_path[1024]; /* cfg.heat_path points here */
+    /* slots */
+    int nslots;
+    uint64_t slot_bytes;
+    uint8_t *mem;
+    slot *sl;
+    int *blob_slot;  /* [nblobs] */
+    uint8_t *verified;
+    uint32_t *heat;  /* [nblobs] routing counts */
+    uint64_t clock, pass_stamp;
+    /* the current request */
+    int layer, n, returned;
+    int *ids, *items_blob, *items_state;
+    /* statistics */
+    store_stats st;
+    uint64_t pass;
+    uint64_t *read_pass;  /* [nblobs] pass of the last read */
+    uint32_t *reads_in_pass;
+    char errmsg[512];     /* a load failure waiting for the request that needs the blob */
+    expert_src xs;
+};
+
+int store_parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0)
+        return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end)
+        return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+uint64_t store_physical_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+static uint64_t pad4k(uint64_t n) { return (n + BLOB_ALIGN - 1) & ~(uint64_t)(BLOB_ALIGN - 1); }
+static uint8_t *slot_mem(const store *s, int k) { return s->mem + (size_t)k * s->slot_bytes; }
+
+static void heat_load(store *s)
+{
+    if (!s->cfg.heat_path)
+        return;
+    FILE *f = fopen(s->cfg.heat_path, "rb");
+    if (!f)
+        return;
+    uint32_t n = 0;
+    if (fread(&n, 4, 1, f) == 1 && n == (uint32_t)s->bt.n && fread(s->heat, 4, n, f) == n) {
+        fclose(f);
+        return;
+    }
+    memset(s->heat, 0, sizeof(uint32_t) * (size_t)s->bt.n); /* another model's file: start afresh */
+    fclose(f);
+}
+
+static void heat_save(store *s)
+{
+    if (!s->cfg.heat_path)
+        return;
+    size_t len = 4 + 4 * (size_t)s->bt.n;
+    uint8_t *buf = malloc(len);
+    errbuf err;
+    if (!buf)
+        return;
+    uint32_t n = (uint32_t)s->bt.n;
+    memcpy(buf, &n, 4);
+    memcpy(buf + 4, s->heat, 4 * (size_t)s->bt.n);
+    if (file_write_atomic(s->cfg.heat_path, buf, len, &err) != 0)
+        fprintf(stderr, "deltafin: could not keep routing counts: %s\n", err.msg);
+    free(buf);
+}
+
+static void name_of(const store *s, int b, char *buf, size_t cap)
+{
+    char nm[64];
+    blob_name(&s->bt.b[b], nm, sizeof nm);
+    const blob *x = &s->bt.b[b];
+    if (x->ncopies > 0)
+        snprintf(buf, cap, "blob '%s' in %s", nm, s->file_path[x->copy[0].file]);
+    else
+        snprintf(buf, cap, "blob '%s'", nm);
+}
+
+/* starts the reads of blob b into slot k */
+static int issue(store *s, int k, int b, errbuf *err)
+{
+    const blob *x = &s->bt.b[b];
+    slot *sl = &s->sl[k];
+    if (sl->blob >= 0)
+        s->blob_slot[sl->blob] = -1;
+    sl->blob = b;
+    sl->state = S_LOADING;
+    sl->bad = 0;
+    sl->prefetched = 0;
+    s->blob_slot[b] = k;
+    uint8_t *dst = slot_mem(s, k);
+    if (s->read_pass[b] == s->pass) {
+        if (++s->reads_in_pass[b] > s->st.max_reads_blob_pass)
+            s->st.max_reads_blob_pass = s->reads_in_pass[b];
+    } else {
+        s->read_pass[b] = s->pass;
+        s->reads_in_pass[b] = 1;
+        if (s->st.max_reads_blob_pass < 1)
+            s->st.max_reads_blob_pass = 1;
+    }
+    s->st.reads++;
+    if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first */
+        int best = 0;
+        double bt = 0;
+        for (int c = 0; c < x->ncopies; c++) {
+            double t = io_expected(s->io, s->pack_drive[x->copy[c].file], pad4k(x->size));
+            if (c == 0 || t < bt) {
+                bt = t;
+                best = c;
+            }
+        }
+        sl->reads_left = 1;
+        s->st.bytes_read += pad4k(x->size);
+        return io_read(s->io, s->file_id[x->copy[best].file], x->copy[best].off, pad4k(x->size), dst, (uint64_t)k,
+                       err);
+    }
+    sl->reads_left = x->nparts; /* Hugging Face folder: tensor by tensor */
+    for (int i = 0; i < x->nparts; i++) {
+        const blob_part *pt = &s->bt.part[x->first_part + i];
+        const st_tensor *t = &s->m->st.t[pt->tensor];
+        s->st.bytes_read += pt->len;
+        if (io_read(s->io, s->file_id[t->file], t->file_off, pt->len, dst + pt->off, (uint64_t)k, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* an unpinned, not loading slot to reuse: empty first, then the least routed expert, then the
+ * least recently used; `fresh_only` keeps slots the current pass has used (for prefetch) */
+static int victim(store *s, int fresh_only)
+{
+    int best = -1;
+    for (int k = 0; k < s->nslots; k++) {
+        slot *sl = &s->sl[k];
+        if (sl->pins > 0 || sl->state == S_LOADING)
+            continue;
+        if (sl->blob < 0)
+            return k;
+        if (fresh_only && (sl->stamp >= s->pass_stamp || sl->prefetched))
+            continue;
+        if (best < 0)
+            best = k;
+        else {
+            uint32_t hb = s->heat[s->sl[best].blob], hk = s->heat[sl->blob];
+            if (hk < hb || (hk == hb && sl->stamp < s->sl[best].stamp))
+                best = k;
+        }
+    }
+    return best;
+}
+
+/* a finished read: the slot becomes ready once all its reads are in (and, the first time a
+ * DFSP blob enters the cache, its checksum matched) */
+static void landed(store *s, int k, int ok)
+{
+    slot *sl = &s->sl[k];
+    if (!ok)
+        sl->bad = 1;
+    if (--sl->reads_left > 0)
+        return;
+    sl->state = S_READY;
+    int b = sl->blob;
+    const blob *x = &s->bt.b[b];
+    if (!sl->bad && s->cfg.verify && x->ncopies > 0 && !s->verified[b]) {
+        uint64_t h = XXH3_64bits(slot_mem(s, k), x->size);
+        if (h != x->xxh3) {
+            char nm[1200];
+            name_of(s, b, nm, sizeof nm);
+            snprintf(s->errmsg, sizeof s->errmsg, "%s failed its checksum (xxh3 %016llx, manifest %016llx)", nm,
+                     (unsigned long long)h, (unsigned long long)x->xxh3);
+            sl->bad = 1;
+        } else {
+            s->verified[b] = 1;
+        }
+    } else if (sl->bad) {
+        char nm[1200];
+        name_of(s, b, nm, sizeof nm);
+        snprintf(s->errmsg, sizeof s->errmsg, "%s: read failed or came up short", nm);
+    }
+    for (int i = 0; i < s->n; i++)
+        if (s->items_blob[i] == b && s->items_state[i] == R_LOADING)
+            s->items_state[i] = R_READY;
+}
+
+static int reap(store *s, int wait, errbuf *err)
+{
+    uint64_t tag;
+    int ok, r = io_reap(s->io, &tag, &ok, wait, err);
+    if (r == 1)
+        landed(s, (int)tag, ok);
+    return r;
+}
+
+static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
+{
+    store *s = ctx;
+    s->layer = layer;
+    s->n = n;
+    s->returned = 0;
+    for (int i = 0; i < n; i++) {
+        int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
+        if (b < 0)
+            return errbuf_set(err, "layer %d expert %d is not in the store", layer, ids[i]);
+        s->ids[i] = ids[i];
+        s->items_blob[i] = b;
+        s->heat[b]++;
+        s->st.requests++;
+        int k = s->blob_slot[b];
+        if (k >= 0) {
+            slot *sl = &s->sl[k];
+            sl->pins++;
+            if (sl->prefetched) {
+                s->st.prefetch_hits++;
+                sl->prefetched = 0;
+            }
+            s->items_state[i] = sl->state == S_READY ? R_READY : R_LOADING;
+            if (sl->state == S_READY)
+                s->st.hits++;
+            else
+                s->st.misses++;
+            continue;
+        }
+        s->st.misses++;
+        s->st.bytes_needed += s->bt.b[b].size;
+        s->items_state[i] = R_WAIT;
+        int v = victim(s, 0);
+        if (v >= 0) {
+            s->sl[v].pins++;
+            if (issue(s, v, b, err) != 0)
+                return -1;
+            s->items_state[i] = R_LOADING;
+        }
+    }
+    return 0;
+}
+
+static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
+{
+    store *s = ctx;
+    for (;;) {
+        if (s->returned == s->n)
+            return 0;
+        for (int i = 0; i < s->n; i++) {
+            if (s->items_state[i] != R_READY)
+                continue;
+            int k = s->blob_slot[s->items_blob[i]];
+            if (s->sl[k].bad)
+                return errbuf_set(err, "%s", s->errmsg);
+            s->items_state[i] = R_RETURNED;
+            s->returned++;
+            *id = s->ids[i];
+            blob_bind_expert(&s->bt, s->m, s->items_blob[i], slot_mem(s, k), mats);
+            return 1;
+        }
+        for (int i = 0; i < s->n; i++) { /* items waiting for a slot */
+            if (s->items_state[i] != R_WAIT)
+                continue;
+            int v = victim(s, 0);
+            if (v < 0)
+                break;
+            s->sl[v].pins++;
+            if (issue(s, v, s->items_blob[i], err) != 0)
+                return -1;
+            s->items_state[i] = R_LOADING;
+        }
+        double t0 = timer_now();
+        int r = reap(s, 1, err);
+        s->st.stall_s += timer_now() - t0;
+        if (r < 0)
+            return -1;
+        if (r == 0 && io_pending(s->io) == 0) {
+            int waiting = 0;
+            for (int i = 0; i < s->n; i++)
+                waiting += s->items_state[i] == R_WAIT;
+            if (waiting)
+                return errbuf_set(err, "expert cache: %d slots are all pinned; the RAM budget is too small for "
+                                       "this pass",
+                                  s->nslots);
+        }
+    }
+}
+
+static void xs_release(void *ctx, int layer, int id)
+{
+    store *s = ctx;
+    int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + id];
+    int k = b >= 0 ? s->blob_slot[b] : -1;
+    if (k >= 0 && s->sl[k].pins > 0) {
+        s->sl[k].pins--;
+        s->sl[k].stamp = ++s->clock;
+    }
+}
+
+static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
+{
+    store *s = ctx;
+    errbuf err;
+    for (int i = 0; i < n; i++) {
+        int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
+        if (b < 0 || s->blob_slot[b] >= 0)
+            continue;
+        if (io_pending(s->io) >= s->cfg.io.depth * s->ndrives * 2)
+            return; /* keep demand reads first in line */
+        int v = victim(s, 1);
+        if (v < 0)
+            return;
+        if (issue(s, v, b, &err) != 0)
+            return; /* a hint: the demand path will report real errors */
+        s->sl[v].prefetched = 1;
+        s->st.prefetch_reads++;
+    }
+    while (reap(s, 0, &err) == 1) { /* collect what already landed */
+    }
+}
+
+static void xs_pass_begin(void *ctx, int tokens)
+{
+    store *s = ctx;
+    s->pass++;
+    s->pass_stamp = s->clock + 1;
+    s->st.passes++;
+    s->st.tokens += (uint64_t)tokens;
+}
+
+int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *info, const store_cfg *cfg,
+               errbuf *err)
+{
+    *out = NULL;
+    store *s = calloc(1, sizeof *s);
+    if (!s) {
+        blob_table_free(bt);
+        return errbuf_set(err, "store: out of memory");
+    }
+    s->m = m;
+    s->bt = *bt;
+    memset(bt, 0, sizeof *bt);
+    s->cfg = *cfg;
+    if (cfg->heat_path) {
+        snprintf(s->heat_path, sizeof s->heat_path, "%s", cfg->heat_path);
+        s->cfg.heat_path = s->heat_path;
+    }
+    s->dfsp = info != NULL;
+    if (s->bt.max_expert == 0) {
+        store_free(s);
+        return errbuf_set(err, "%s: the model has no routed experts to stream", m->dir);
+    }
+    s->slot_bytes = pad4k(s->bt.max_expert);
+    uint64_t slots = cfg->ram_budget / s->slot_bytes;
+    if (slots < 2) {
+        store_free(s);
+        return errbuf_set(err, "--ram-budget %.1f MB holds fewer than 2 experts of %.1f MB", cfg->ram_budget / 1e6,
+                          s->slot_bytes / 1e6);
+    }
+    uint64_t all = 0;
+    for (int b = 0; b < s->bt.n; b++)
+        all += s->bt.b[b].kind == BLOB_EXPERT;
+    if (slots > all)
+        slots = all;
+    s->nslots = (int)slots;
+    int nb = s->bt.n, ne = m->hp.n_experts > 0 ? m->hp.n_experts : 1;
+    s->sl = calloc((size_t)s->nslots, sizeof *s->sl);
+    s->blob_slot = malloc(sizeof(int) * (size_t)nb);
+    s->verified = calloc((size_t)nb, 1);
+    s->heat = calloc((size_t)nb, sizeof *s->heat);
+    s->read_pass = calloc((size_t)nb, sizeof *s->read_pass);
+    s->reads_in_pass = calloc((size_t)nb, sizeof *s->reads_in_pass);
+    s->ids = malloc(sizeof(int) * (size_t)ne);
+    s->items_blob = malloc(sizeof(int) * (size_t)ne);
+    s->items_state = malloc(sizeof(int) * (size_t)ne);
+    if (!s->sl || !s->blob_slot || !s->verified || !s->heat || !s->read_pass || !s->reads_in_pass || !s->ids ||
+        !s->items_blob || !s->items_state ||
+        posix_memalign((void **)&s->mem, BLOB_ALIGN, (size_t)s->nslots * s->slot_bytes) != 0) {
+        s->mem = NULL;
+        store_free(s);
+        return errbuf_set(err, "store: out of memory for %d expert slots", (int)slots);
+    }
+    for (int b = 0; b < nb; b++)
+        s->blob_slot[b] = -1;
+    for (int k = 0; k < s->nslots; k++)
+        s->sl[k].blob = -1;
+    heat_load(s);
+    io_cfg ic = cfg->io;
+    if (s->dfsp) {
+        s->ndrives = info->ndrives > ic.ndrives ? info->ndrives : ic.ndrives;
+        ic.ndrives = s->ndrives;
+    } else {
+        s->ndrives = ic.ndrives < 1 ? 1 : ic.ndrives;
+    }
+    if (!(s->io = io_new(&ic, err))) {
+        store_free(s);
+        return -1;
+    }
+    int nfiles = s->dfsp ? info->npacks : m->st.nfiles;
+    for (int i = 0; i < nfiles && i < 256; i++) {
+        const char *p = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
+        int drive = s->dfsp ? info->pack_drive[i] : 0;
+        snprintf(s->file_path[i], sizeof s->file_path[i], "%s", p);
+        s->pack_drive[i < STORE_MAX_PACKS ? i : 0] = drive;
+        if ((s->file_id[i] = io_open(s->io, p, drive, s->dfsp, err)) < 0) {
+            store_free(s);
+            return -1;
+        }
+    }
+    s->xs = (expert_src){s, xs_begin, xs_next, xs_release, cfg->prefetch ? xs_prefetch : NULL, xs_pass_begin};
+    *out = s;
+    return 0;
+}
+
+void store_free(store *s)
+{
+    if (!s)
+        return;
+    if (s->heat && s->bt.n)
+        heat_save(s);
+    /* reads still in flight land in slot memory: wait for them before it goes */
+    errbuf err;
+    uint64_t tag;
+    int ok;
+    while (s->io && io_pending(s->io) > 0 && io_reap(s->io, &tag, &ok, 1, &err) >= 0) {
+    }
+    io_free(s->io);
+    free(s->mem);
+    free(s->sl);
+    free(s->blob_slot);
+    free(s->verified);
+    free(s->heat);
+    free(s->read_pass);
+    free(s->reads_in_pass);
+    free(s->ids);
+    free(s->items_blob);
+    free(s->items_state);
+    blob_table_free(&s->bt);
+    free(s);
+}
+
+const expert_src *store_experts(store *s) { return &s->xs; }
+int store_slots(const store *s) { return s->nslots; }
+uint64_t store_slot_bytes(const store *s) { return s->slot_bytes; }
+const blob_table *store_blobs(const store *s) { return &s->bt; }
+void store_stats_get(const store *s, store_stats *out) { *out = s->st; }
+io_engine *store_io(store *s) { return s->io; }
+int store_ndrives(const store *s) { return s->ndrives; }
+
+void store_stats_reset(store *s)
+{
+    memset(&s->st, 0, sizeof s->st);
+    io_stats_reset(s->io);
+}
+
+int store_verify_all(store *s, errbuf *err)
+{
+    for (int b = 0; b < s->bt.n; b++) {
+        const blob *x = &s->bt.b[b];
+        for (int c = 0; c < x->ncopies; c++) {
+            int k = victim(s, 0);
+            if (k < 0)
+                return errbuf_set(err, "verify: no free slot");
+            if (s->sl[k].blob >= 0)
+                s->blob_slot[s->sl[k].blob] = -1;
+            s->sl[k].blob = -1;
+            if (pad4k(x->size) > s->slot_bytes) /* spine blobs can be larger than a slot: hash the mapping */
+            {
+                const st_tensor *t0 = &s->m->st.t[s->bt.part[x->first_part].tensor];
+                const uint8_t *img = t0->data - s->bt.part[x->first_part].off;
+                if (c == 0 && XXH3_64bits(img, x->size) != x->xxh3) {
+                    char nm[1200];
+                    name_of(s, b, nm, sizeof nm);
+                    return errbuf_set(err, "%s failed its checksum", nm);
+                }
+                continue;
+            }
+            if (io_read(s->io, s->file_id[x->copy[c].file], x->copy[c].off, pad4k(x->size), slot_mem(s, k),
+                        (uint64_t)k, err) != 0)
+                return -1;
+            uint64_t tag;
+            int ok;
+            if (io_reap(s->io, &tag, &ok, 1, err) != 1 || !ok)
+                return errbuf_set(err, "verify: read of %s failed", s->file_path[x->copy[c].file]);
+            if (XXH3_64bits(slot_mem(s, k), x->size) != x->xxh3) {
+                char nm[64];
+                blob_name(x, nm, sizeof nm);
+                return errbuf_set(err, "blob '%s' copy %d in %s failed its checksum", nm, c,
+                                  s->file_path[x->copy[c].file]);
+            }
+        }
+    }
+    return 0;
+}

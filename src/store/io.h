@@ -1,0 +1,69 @@
+/* io.h — the read engine of the weight store: many reads in flight on every drive.
+ *
+ * Backends: io_uring (Linux; liburing) or a portable pool of pread threads per drive (with
+ * posix_fadvise(DONTNEED) so streamed weights do not crowd out the page cache). Files opened
+ * `direct` use O_DIRECT where the system allows it (buffers, offsets and lengths must then be
+ * 4096-aligned). A read larger than `chunk` bytes is split into chunk-sized requests so one blob
+ * keeps a drive's queue full; its tag completes once, when the last piece has landed.
+ *
+ * Drive emulation (--emulate-drives "MBps:latency_us,...") models each drive as a queue served
+ * at MBps with a fixed latency per request, and holds each completion until that model says the
+ * drive would have finished it: many drives can be studied on one disk.
+ *
+ * One thread submits and reaps (the engine's compute thread). Not thread-safe otherwise.
+ */
+#ifndef DF_STORE_IO_H
+#define DF_STORE_IO_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+
+enum { IO_MAX_DRIVES = 16, IO_MAX_FILES = 256 };
+
+typedef enum { IO_AUTO, IO_URING, IO_PREAD } io_backend;
+
+typedef struct io_cfg {
+    int backend;              /* io_backend */
+    int depth;                /* requests in flight per drive */
+    uint64_t chunk;           /* bytes per request */
+    int ndrives;
+    double emu_mbps[IO_MAX_DRIVES];   /* 0: no emulation for that drive */
+    double emu_lat_us[IO_MAX_DRIVES];
+} io_cfg;
+
+typedef struct io_drive_stats {
+    uint64_t bytes, reqs;
+    double busy_s;            /* wall time with at least one request in flight */
+    uint32_t lat_hist[32];    /* request latency histogram, bucket k = [2^k, 2^(k+1)) us */
+} io_drive_stats;
+
+typedef struct io_engine io_engine;
+
+void io_cfg_default(io_cfg *c);
+/* "MBps:latency_us,MBps:latency_us" -> c->emu_* for drives 0.. ; sets ndrives if larger. */
+int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
+io_engine *io_new(const io_cfg *c, errbuf *err);
+void io_free(io_engine *e);
+const char *io_backend_name(const io_engine *e);
+
+/* Opens path for reading on drive d; returns a file id (>= 0) or -1. */
+int io_open(io_engine *e, const char *path, int drive, int direct, errbuf *err);
+int io_is_direct(const io_engine *e, int file);
+/* Queues a read of len bytes at off into buf; `tag` comes back from io_reap. */
+int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint64_t tag, errbuf *err);
+/* Reaps one finished read: returns 1 and fills *tag (and *ok = 0 if it failed or came up
+ * short), 0 if none is ready (wait = 0) or none is in flight, -1 on an engine error.
+ * wait = 1 blocks until one finishes. */
+int io_reap(io_engine *e, uint64_t *tag, int *ok, int wait, errbuf *err);
+/* Reads in flight (tags not yet reaped). */
+int io_pending(const io_engine *e);
+/* When a read of len bytes queued now on drive d would be expected to finish (seconds from now),
+ * from the drive's backlog and its measured or emulated speed: picks the mirror to read. */
+double io_expected(const io_engine *e, int drive, uint64_t len);
+void io_stats(const io_engine *e, int drive, io_drive_stats *out);
+void io_stats_reset(io_engine *e);
+/* Latency percentile (0..1) of drive d's requests, in microseconds. */
+double io_latency_pct(const io_drive_stats *s, double p);
+
+#endif

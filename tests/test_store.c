@@ -1,0 +1,297 @@
+/* test_store.c — the weight store computes exactly what the resident model computes: logits are
+ * bit-identical between all resident, streamed with a budget so small nearly every expert is
+ * read from disk, a Hugging Face folder and a DFSP store, 1 and 3 drive folders, with and
+ * without mirrors, prefetch on and off, emulated drives. Each needed blob is read at most once
+ * per pass. A flipped byte is an error naming the blob and pack; a truncated pack is an error;
+ * prepare interrupted midway completes on a rerun and verifies; a store refuses another model. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/dfsp.h"
+#include "store/store.h"
+#include "test.h"
+#include "test_util.h"
+
+static const int32_t IDS[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+enum { NIDS = 12 };
+
+/* logits of IDS through `m` with experts from st (NULL: resident), in passes of `chunk` */
+static float *run(const model *m, store *st, int chunk, errbuf *err)
+{
+    pool *p = pool_new(2, err);
+    session s;
+    float *out = malloc(sizeof(float) * NIDS * (size_t)m->hp.vocab);
+    if (!p || !out || session_init(&s, m, kern_select(NULL), p, NIDS, chunk, err) != 0) {
+        free(out);
+        pool_free(p);
+        return NULL;
+    }
+    session_set_experts(&s, st ? store_experts(st) : NULL);
+    for (int i = 0; i < NIDS && out; i += chunk) {
+        int c = NIDS - i < chunk ? NIDS - i : chunk;
+        if (session_forward(&s, IDS + i, c, out + (size_t)i * m->hp.vocab, 1, err) != 0) {
+            free(out);
+            out = NULL;
+        }
+    }
+    session_free(&s);
+    pool_free(p);
+    return out;
+}
+
+/* a store over m (HF folder when info is NULL) with room for `slots` experts */
+static store *open_store(model *m, const dfsp_info *info, blob_table *bt_in, int slots, int prefetch,
+                         const char *emulate, errbuf *err)
+{
+    blob_table bt;
+    if (bt_in) {
+        bt = *bt_in;
+        memset(bt_in, 0, sizeof *bt_in);
+    } else if (blob_table_build(&bt, m, err) != 0) {
+        return NULL;
+    }
+    store_cfg c;
+    memset(&c, 0, sizeof c);
+    io_cfg_default(&c.io);
+    c.io.depth = 4;
+    c.ram_budget = (uint64_t)slots * ((bt.max_expert + 4095) / 4096 * 4096);
+    c.prefetch = prefetch;
+    c.verify = 1;
+    if (emulate && io_parse_emulation(&c.io, emulate, err) != 0) {
+        blob_table_free(&bt);
+        return NULL;
+    }
+    store *s;
+    return store_open(&s, m, &bt, info, &c, err) == 0 ? s : NULL;
+}
+
+static char *dir_in_tmp(const char *name)
+{
+    static char d[8][4096];
+    static int k;
+    char *p = d[k++ % 8];
+    snprintf(p, 4096, "%s/%s", test_tmpdir(), name);
+    return p;
+}
+
+static int prepare(const char *src, const char *dst, int ndrives, int mirrors, errbuf *err)
+{
+    const char *drives[4];
+    char buf[4][4096];
+    for (int i = 0; i < ndrives; i++) {
+        snprintf(buf[i], sizeof buf[i], "%s-drive%d", dst, i);
+        mkdir(buf[i], 0755);
+        drives[i] = buf[i];
+    }
+    dfsp_prepare_opts o = {drives, ndrives, mirrors, 1};
+    return dfsp_prepare(src, dst, &o, err);
+}
+
+static void compare_all(const char *src)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, src, &err) == 0, "%s", err.msg);
+    size_t bytes = sizeof(float) * NIDS * (size_t)m.hp.vocab;
+    float *ref = run(&m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    /* Hugging Face folder, streamed through 2 slots (nearly everything is read), T = 12 and T = 1 */
+    for (int pf = 0; pf <= 1; pf++)
+        for (int chunk = 1; chunk <= NIDS; chunk += NIDS - 1) {
+            store *st = open_store(&m, NULL, NULL, 2, pf, NULL, &err);
+            CHECKF(st, "%s", err.msg);
+            float *got = run(&m, st, chunk, &err);
+            store_stats ss;
+            store_stats_get(st, &ss);
+            store_free(st);
+            CHECKF(got, "%s", err.msg);
+            int same = memcmp(got, ref, bytes) == 0;
+            free(got);
+            CHECKF(same, "%s: streamed (HF, prefetch %d, chunk %d) logits differ from resident", src, pf, chunk);
+            CHECKF(ss.max_reads_blob_pass <= 1, "a blob was read %llu times in one pass",
+                   (unsigned long long)ss.max_reads_blob_pass);
+            CHECKF(ss.misses > ss.hits, "with 2 slots most requests should miss (hits %llu misses %llu)",
+                   (unsigned long long)ss.hits, (unsigned long long)ss.misses);
+            if (!pf)
+                CHECKF(ss.reads == ss.misses, "reads %llu != misses %llu without prefetch",
+                       (unsigned long long)ss.reads, (unsigned long long)ss.misses);
+        }
+    /* DFSP stores: 1 drive; 3 drives; 3 drives with 2 mirrors; mapped and streamed */
+    static const int layouts[][2] = {{1, 1}, {3, 1}, {3, 2}};
+    for (size_t l = 0; l < 3; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "store-%s-%d-%d", strrchr(src, '/') + 1, layouts[l][0], layouts[l][1]);
+        char *dst = dir_in_tmp(name);
+        CHECKF(prepare(src, dst, layouts[l][0], layouts[l][1], &err) == 0, "%s", err.msg);
+        model dm;
+        blob_table bt;
+        dfsp_info info;
+        CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+        CHECK(info.npacks == layouts[l][0]);
+        float *mapped = run(&dm, NULL, NIDS, &err);
+        store *st = open_store(&dm, &info, &bt, 3, 1, l == 2 ? "400:50,800:20,200:100" : NULL, &err);
+        CHECKF(st, "%s", err.msg);
+        float *streamed = run(&dm, st, 5, &err);
+        store_stats ss;
+        store_stats_get(st, &ss);
+        store_free(st);
+        model_free(&dm);
+        int ok = mapped && streamed && memcmp(mapped, ref, bytes) == 0 && memcmp(streamed, ref, bytes) == 0;
+        free(mapped);
+        free(streamed);
+        CHECKF(ok, "%s: DFSP %d drives %d mirrors: logits differ from resident", src, layouts[l][0], layouts[l][1]);
+        CHECK(ss.max_reads_blob_pass <= 1);
+    }
+    free(ref);
+    model_free(&m);
+}
+
+TEST(store_exact_default_model) { compare_all("models/default"); }
+TEST(store_exact_kimi_k3) { compare_all("tests/data/oracle/kimi_k3-b"); }
+TEST(store_exact_deepseek_int4) { compare_all("tests/data/oracle/kimi_k2-int4"); }
+
+static void copy_file(const char *a, const char *b)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", a, b);
+    if (system(cmd) != 0)
+        test_fail(__FILE__, __LINE__, "cp failed");
+}
+
+TEST(store_flipped_byte_is_named)
+{
+    errbuf err;
+    char *dst = dir_in_tmp("flip");
+    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    model dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    /* flip one byte in the middle of layer 1's expert 0 */
+    int b = bt.expert_blob[1 * bt.n_experts + 0];
+    uint64_t off = bt.b[b].copy[0].off + bt.b[b].size / 2;
+    char pack[1024];
+    snprintf(pack, sizeof pack, "%s", info.pack_path[bt.b[b].copy[0].file]);
+    blob_table_free(&bt);
+    model_free(&dm);
+    FILE *f = fopen(pack, "r+b");
+    CHECK(f);
+    fseek(f, (long)off, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, (long)off, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    /* every expert of every layer is requested over a few tokens with 2 slots: the bad one too */
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s eval --model %s --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --logits-out %s/x.f32 "
+             "--ram-budget 100M",
+             tu_bin(), dst, test_tmpdir());
+    /* the budget covers everything: experts still stream (--ram-budget given) */
+    int st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 1 && strstr(out, "layer 1 expert 0") && strstr(out, "checksum") && strstr(out, ".pack"),
+           "status %d: %s", st, out);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
+    st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 1 && strstr(out, "layer 1 expert 0") && strstr(out, "checksum"), "doctor: status %d: %s", st, out);
+}
+
+TEST(store_truncated_pack)
+{
+    errbuf err;
+    char *dst = dir_in_tmp("trunc");
+    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    model dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECK(dfsp_open(dst, &dm, &bt, &info, &err) == 0);
+    char pack[1024];
+    snprintf(pack, sizeof pack, "%s", info.pack_path[0]);
+    blob_table_free(&bt);
+    model_free(&dm);
+    CHECK(truncate(pack, 4096 * 10) == 0);
+    CHECK(dfsp_open(dst, &dm, &bt, &info, &err) != 0);
+    CHECKF(strstr(err.msg, "truncated") && strstr(err.msg, ".pack"), "%s", err.msg);
+}
+
+TEST(store_prepare_resumes)
+{
+    char *dst = dir_in_tmp("resume"), cmd[8192], out[4096];
+    snprintf(cmd, sizeof cmd, "DELTAFIN_PREPARE_STOP_AFTER=20 %s prepare --model models/default --out %s", tu_bin(),
+             dst);
+    int st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 3, "the interrupted prepare exited %d: %s", st, out);
+    char man[4200];
+    snprintf(man, sizeof man, "%s/manifest.json", dst);
+    FILE *f = fopen(man, "r");
+    CHECKF(!f, "an interrupted prepare left a manifest");
+    snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s", tu_bin(), dst);
+    st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 0 && strstr(out, "20 verified from an earlier run"), "status %d: %s", st, out);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
+    st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 0 && strstr(out, "every blob matches"), "status %d: %s", st, out);
+    /* and it computes what the source computes */
+    errbuf err;
+    model a, b;
+    blob_table bt;
+    dfsp_info info;
+    CHECK(model_load(&a, "models/default", &err) == 0);
+    CHECKF(dfsp_open(dst, &b, &bt, &info, &err) == 0, "%s", err.msg);
+    blob_table_free(&bt);
+    float *la = run(&a, NULL, NIDS, &err), *lb = run(&b, NULL, NIDS, &err);
+    int same = la && lb && memcmp(la, lb, sizeof(float) * NIDS * (size_t)a.hp.vocab) == 0;
+    free(la);
+    free(lb);
+    model_free(&a);
+    model_free(&b);
+    CHECK(same);
+}
+
+TEST(store_refuses_another_model)
+{
+    errbuf err;
+    char *dst = dir_in_tmp("mix");
+    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    CHECK(prepare("tests/data/oracle/kimi_k3-b", dst, 1, 1, &err) != 0);
+    CHECKF(strstr(err.msg, "another model"), "%s", err.msg);
+    /* an unfinished prepare of another model is refused too */
+    char *dst2 = dir_in_tmp("mix2"), cmd[8192], out[4096];
+    snprintf(cmd, sizeof cmd, "DELTAFIN_PREPARE_STOP_AFTER=5 %s prepare --model models/default --out %s", tu_bin(),
+             dst2);
+    CHECK(tu_run(cmd, out, sizeof out) == 3);
+    CHECK(prepare("tests/data/oracle/kimi_k3-b", dst2, 1, 1, &err) != 0);
+    CHECKF(strstr(err.msg, "another model") && strstr(err.msg, "journal"), "%s", err.msg);
+    /* the same model again is fine */
+    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    (void)copy_file;
+}
+
+TEST(store_cli_options)
+{
+    char cmd[8192], out[8192];
+    char *dst = dir_in_tmp("cli");
+    errbuf err;
+    CHECKF(prepare("models/default", dst, 2, 2, &err) == 0, "%s", err.msg);
+    /* the run command with streaming and stats, vs resident: same ids */
+    char resident[8192], streamed[8192];
+    snprintf(cmd, sizeof cmd, "%s run --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
+    CHECK(tu_run(cmd, resident, sizeof resident) == 0);
+    snprintf(cmd, sizeof cmd,
+             "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 4M --emulate-drives "
+             "500:100,300:200 --prefetch off --io pread --stats",
+             tu_bin(), dst);
+    CHECK(tu_run(cmd, streamed, sizeof streamed) == 0);
+    CHECKF(strstr(streamed, "[stats] store: DFSP") && strstr(streamed, "drive 1 (pread)"), "%s", streamed);
+    streamed[strcspn(streamed, "\n")] = 0; /* the ids line; --stats lines follow */
+    resident[strcspn(resident, "\n")] = 0;
+    CHECKF(strcmp(resident, streamed) == 0, "%s vs %s", resident, streamed);
+    snprintf(cmd, sizeof cmd, "%s run --tokens 5 --max-new 2 --ram-budget lots", tu_bin());
+    CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--ram-budget"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 4M --emulate-drives 5x", tu_bin(),
+             dst);
+    CHECKF(tu_run(cmd, out, sizeof out) == 1 && strstr(out, "--emulate-drives"), "%s", out);
+}
