@@ -101,3 +101,15 @@ TEST(sharded_index_names_missing_tensor)
     CHECK(model_load(&m, dst, &err) != 0);
     CHECKF(strstr(err.msg, "model.safetensors.index.json") && strstr(err.msg, drop), "%s", err.msg);
 }
+
+TEST(synth_reproduces_default_model)
+{
+    /* the bundled model is `deltafin synth --preset k3-tiny`: regenerating it gives the same
+     * bytes, so nobody changes it unknowingly (and synth is deterministic everywhere) */
+    char cmd[8192], out[4096];
+    snprintf(cmd, sizeof cmd, "%s synth --preset k3-tiny --out %s && cmp %s/model.safetensors "
+                              "models/default/model.safetensors && cmp %s/config.json models/default/config.json",
+             tu_bin(), test_tmpdir(), test_tmpdir(), test_tmpdir());
+    int st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 0, "regenerated k3-tiny differs from models/default: %s", out);
+}

@@ -106,12 +106,16 @@ static int fill_tensor(void *ud, int idx, uint8_t *buf, uint64_t n, errbuf *err)
     rng r;
     rng_seed(&r, s->c->seed * 1000003u + (uint64_t)idx);
     uint64_t cnt = n / (uint64_t)st_dtype_size(d->t.dtype);
+    if (d->fill == F_MX_CODES) { /* eight random codes per draw */
+        for (uint64_t i = 0; i < n; i += 8) {
+            uint64_t v = rng_next(&r);
+            memcpy(buf + i, &v, n - i < 8 ? n - i : 8);
+        }
+        return 0;
+    }
     for (uint64_t i = 0; i < cnt; i++) {
         float v;
         switch (d->fill) {
-        case F_MX_CODES:
-            buf[i] = (uint8_t)rng_next(&r);
-            continue;
         case F_MX_SCALE:
             buf[i] = (uint8_t)(127 + (int)d->scale + (int)(rng_next(&r) % 2));
             continue;
@@ -255,6 +259,31 @@ static json_t *config_json(const synth_k3 *c)
                      "model_type", "kimi_k3", "text_config", text, "bos_token_id", 1, "eos_token_id", 2,
                      "pad_token_id", 0, "tie_word_embeddings", 0, "note",
                      "synthetic random weights written by deltafin synth");
+}
+
+uint64_t synth_bytes(const synth_k3 *c)
+{
+    synth_ctx s = {c, NULL, 0, 0};
+    uint64_t total = 0;
+    if (build(&s) == 0)
+        for (int i = 0; i < s.n; i++)
+            total += st_wtensor_bytes(&s.d[i].t);
+    free(s.d);
+    return total;
+}
+
+void synth_scale(synth_k3 *c, double gb)
+{
+    synth_k3 one = *c;
+    one.experts = one.top_k;
+    uint64_t base = synth_bytes(&one);
+    one.experts = one.top_k + 1;
+    uint64_t per = synth_bytes(&one) - base; /* one more expert in every MoE layer */
+    double want = gb * 1e9;
+    int e = one.top_k;
+    if (want > (double)base && per > 0)
+        e += (int)((want - (double)base) / (double)per);
+    c->experts = e;
 }
 
 int synth_k3_write(const synth_k3 *c, const char *dir, errbuf *err)

@@ -27,6 +27,10 @@ typedef struct synth_k3 {
 /* Fills c with a named preset ("k3-tiny": the bundled default model; "k3-mini": K3's shape
  * scaled down for storage benchmarks). Returns -1 for an unknown name. */
 int synth_preset(const char *name, synth_k3 *c);
+/* Sets the number of routed experts so the checkpoint is about `gb` GB (at least top_k). */
+void synth_scale(synth_k3 *c, double gb);
+/* Bytes of the checkpoint's tensor data. */
+uint64_t synth_bytes(const synth_k3 *c);
 /* Writes dir/config.json and dir/model.safetensors (dir must exist). */
 int synth_k3_write(const synth_k3 *c, const char *dir, errbuf *err);
 
