@@ -312,3 +312,12 @@ int tok_bpe_piece(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc, tok
         return -1;
     return n <= BPE_SMALL ? merge_small(t, p, n, sc, out) : merge_heap(t, p, n, sc, out);
 }
+
+int tok_bpe_merge(const tok *t, const uint8_t *p, size_t n, int heap, tok_scratch *sc, tok_ids *out)
+{
+    if (n == 0)
+        return 0;
+    if (reserve(sc, n + 1))
+        return -1;
+    return heap ? merge_heap(t, p, n, sc, out) : merge_small(t, p, n, sc, out);
+}

@@ -118,6 +118,8 @@ int tok_pretok_all(const tok_pretok *pt, const uint8_t *s, size_t end, tok_scrat
                    errbuf *err);
 /* The hand scanner alone: end of the piece starting at i (always > i). For tests. */
 size_t tok_pretok_scan(int kind, const uint8_t *s, size_t i, size_t end);
+/* The pattern a hand scanner implements (PT_KIMI .. PT_QWEN), for tests and the Kimi loader. */
+const char *tok_pretok_pattern(int kind);
 
 /* ---- the tokenizer ---- */
 
@@ -162,6 +164,8 @@ int tok_special_find(const tok *t, const uint8_t *s, size_t from, size_t end, si
 
 /* BPE of one piece (tok_bpe.c); appends ids. -1 only on out of memory. */
 int tok_bpe_piece(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc, tok_ids *out);
+/* The merge loop alone, quadratic scan (heap = 0) or heap (heap = 1), for tests: both must agree. */
+int tok_bpe_merge(const tok *t, const uint8_t *p, size_t n, int heap, tok_scratch *sc, tok_ids *out);
 /* Encodes text that contains no special tokens to find: normalize (hf), pre-tokenize, BPE. */
 int tok_encode_plain(const tok *t, const uint8_t *s, size_t n, tok_scratch *sc, tok_ids *out, errbuf *err);
 /* Text encoding with a resolved special mode (no Kimi slicing): tok_encode.c. */

@@ -51,7 +51,21 @@ static const char PAT_CL100K[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p
 static const char PAT_QWEN[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
                                "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-const char *tok_pat_kimi(void) { return PAT_KIMI; }
+const char *tok_pretok_pattern(int kind)
+{
+    switch (kind) {
+    case PT_KIMI:
+        return PAT_KIMI;
+    case PT_O200K:
+        return PAT_O200K;
+    case PT_CL100K:
+        return PAT_CL100K;
+    case PT_QWEN:
+        return PAT_QWEN;
+    default:
+        return NULL;
+    }
+}
 
 /* ---- hand scanners ---- */
 

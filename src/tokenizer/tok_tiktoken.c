@@ -16,8 +16,6 @@
 #include "base/jsonr.h"
 #include "tokenizer/tok_int.h"
 
-const char *tok_pat_kimi(void);
-
 enum { KIMI_RESERVED = 256 };
 
 static int b64val(int c)
@@ -263,7 +261,7 @@ int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
     json_t *cfg = NULL;
     spec_in *sp = NULL;
     int nsp = 0, rc = -1;
-    const char *pat = tok_pat_kimi();
+    const char *pat = tok_pretok_pattern(PT_KIMI);
     size_t patlen = strlen(pat);
     snprintf(path, sizeof path, "%s/tiktoken.model", dir);
     if (file_read_all(path, &text, &len, err))
