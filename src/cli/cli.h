@@ -65,6 +65,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
 #endif

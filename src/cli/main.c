@@ -14,6 +14,7 @@ static const struct {
     {"synth", cmd_synth, "write a random-weight checkpoint in a real release format"},
     {"prepare", cmd_prepare, "write a DFSP store (experts as aligned blobs over drives) from a checkpoint"},
     {"doctor", cmd_doctor, "measure drives' O_DIRECT bandwidth and latency; verify a store"},
+    {"bench", cmd_bench, "bench io: the weight store's streaming rate without compute"},
     {"tokenize", cmd_tokenize, "text or chat messages to token ids, and ids back to text"},
 };
 

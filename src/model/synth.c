@@ -22,11 +22,11 @@ int synth_preset(const char *name, synth_k3 *c)
                         .attnres_block = 3, .seed = 1};
         return 0;
     }
-    if (strcmp(name, "k3-mini") == 0) { /* K3's proportions at hidden 2048: ~4 MB experts */
+    if (strcmp(name, "k3-mini") == 0) { /* K3's layout at hidden 2048: 24 layers, top-16, 6.7 MB experts */
         *c = (synth_k3){.hidden = 2048, .layers = 24, .vocab = 32768, .heads = 16, .q_lora = 512, .kv_lora = 256,
                         .nope = 128, .rope = 64, .v_head = 128, .kda_heads = 16, .kda_dim = 128,
-                        .dense_inter = 8192, .moe_inter = 1024, .experts = 256, .top_k = 16, .shared = 2,
-                        .latent = 1024, .attnres_block = 12, .seed = 1};
+                        .dense_inter = 8192, .moe_inter = 2048, .experts = 256, .top_k = 16, .shared = 2,
+                        .latent = 2048, .attnres_block = 12, .seed = 1};
         return 0;
     }
     return -1;

@@ -186,8 +186,10 @@ static int issue(store *s, int k, int b, errbuf *err)
 }
 
 /* an unpinned, not loading slot to reuse: empty first, then the least routed expert, then the
- * least recently used; `fresh_only` keeps slots the current pass has used (for prefetch) */
-static int victim(store *s, int fresh_only)
+ * least recently used. Prefetched experts not yet asked for are kept while anything else can go
+ * (evicting one would read it twice in a pass); `fresh_only` (prefetch itself) also keeps the
+ * slots the current pass has used. */
+static int victim_pass(store *s, int fresh_only, int spare_prefetched)
 {
     int best = -1;
     for (int k = 0; k < s->nslots; k++) {
@@ -196,7 +198,9 @@ static int victim(store *s, int fresh_only)
             continue;
         if (sl->blob < 0)
             return k;
-        if (fresh_only && (sl->stamp >= s->pass_stamp || sl->prefetched))
+        if (spare_prefetched && sl->prefetched)
+            continue;
+        if (fresh_only && sl->stamp >= s->pass_stamp)
             continue;
         if (best < 0)
             best = k;
@@ -207,6 +211,12 @@ static int victim(store *s, int fresh_only)
         }
     }
     return best;
+}
+
+static int victim(store *s, int fresh_only)
+{
+    int k = victim_pass(s, fresh_only, 1);
+    return k >= 0 || fresh_only ? k : victim_pass(s, 0, 0);
 }
 
 /* a finished read: the slot becomes ready once all its reads are in (and, the first time a

@@ -1,0 +1,126 @@
+/* cli_bench.c — `deltafin bench io`: the weight store's streaming rate without compute.
+ *
+ * For each simulated token and each MoE layer it asks the store for top-k experts drawn at
+ * random (seeded), exactly as the MoE block does (begin / next / release), and discards them:
+ * what remains is the cache, the read engine and the drives. Reports GB/s delivered and its ratio
+ * to a bandwidth given with --drive-gbs (doctor's measurement, or N x an emulated drive). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "base/timer.h"
+#include "cli/cli.h"
+#include "store/store.h"
+
+static const char *HELP =
+    "usage: deltafin bench io --model STORE --ram-budget BYTES [--tokens N] [--seed S] [--drive-gbs G]\n"
+    "                         [--emulate-drives ...] [--prefetch on|off] [--io uring|pread]\n"
+    "Streams top-k random experts per MoE layer per token through the store without computing,\n"
+    "and prints the delivered GB/s (and its ratio to --drive-gbs when given).\n";
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *cmd = "bench", *model = NULL, *v;
+    long tokens = 32, seed = 1;
+    double drive_gbs = 0;
+    cli_store_opts so;
+    cli_store_opts_default(&so);
+    so.prefetch = 0;
+    if (argc < 2 || strcmp(argv[1], "io") != 0) {
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+            fputs(HELP, stdout);
+            return 0;
+        }
+        return cli_usage(cmd, "expected 'bench io' (the kernel benchmarks are `make bench`)");
+    }
+    for (int i = 2; i < argc; i++) {
+        int r;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(HELP, stdout);
+            return 0;
+        } else if ((r = cli_store_opt(cmd, argc, argv, &i, &so))) {
+            if (r < 0)
+                return 2;
+            continue;
+        } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
+            model = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
+            if (r > 0 && cli_long(cmd, "--tokens", v, 1, 1 << 20, &tokens))
+                return 2;
+        } else if ((r = cli_opt(argc, argv, &i, "--seed", &v))) {
+            if (r > 0 && cli_long(cmd, "--seed", v, 0, 1L << 40, &seed))
+                return 2;
+        } else if ((r = cli_opt(argc, argv, &i, "--drive-gbs", &v))) {
+            if (r > 0 && cli_double(cmd, "--drive-gbs", v, 0.001, 1e6, &drive_gbs))
+                return 2;
+        } else {
+            return cli_usage(cmd, "unknown option '%s'", argv[i]);
+        }
+        if (r < 0)
+            return cli_usage(cmd, "%s needs a value", argv[i]);
+    }
+    if (!model || !so.ram_budget)
+        return cli_usage(cmd, "bench io needs --model and --ram-budget");
+    errbuf err;
+    cli_engine e;
+    if (cli_engine_open(&e, model, 1, NULL, &so, &err) != 0)
+        return cli_fail(cmd, &err);
+    if (!e.store) {
+        cli_engine_close(&e);
+        errbuf_set(&err, "%s: nothing to stream (no routed experts)", model);
+        return cli_fail(cmd, &err);
+    }
+    const hparams *hp = &e.m.hp;
+    const expert_src *xs = store_experts(e.store);
+    int K = hp->top_k, E = hp->n_experts, *ids = malloc(sizeof(int) * (size_t)K), rc = 1;
+    rng r;
+    rng_seed(&r, (uint64_t)seed);
+    double t0 = timer_now();
+    for (long t = 0; t < tokens; t++) {
+        xs->pass_begin(xs->ctx, 1);
+        for (int l = 0; l < hp->n_layers; l++) {
+            if (hp->ffn_kind[l] != FFN_MOE)
+                continue;
+            int n = 0;
+            while (n < K) { /* K distinct experts, ascending */
+                int x = (int)(rng_next(&r) % (uint64_t)E), dup = 0;
+                for (int j = 0; j < n; j++)
+                    dup |= ids[j] == x;
+                if (!dup)
+                    ids[n++] = x;
+            }
+            for (int a = 1; a < n; a++)
+                for (int c = a; c > 0 && ids[c] < ids[c - 1]; c--) {
+                    int tmp = ids[c];
+                    ids[c] = ids[c - 1];
+                    ids[c - 1] = tmp;
+                }
+            if (xs->begin(xs->ctx, l, ids, n, &err) != 0)
+                goto out;
+            int id;
+            mlp_w m;
+            for (int k = 0; k < n; k++) {
+                if (xs->next(xs->ctx, &id, &m, &err) != 1)
+                    goto out;
+                xs->release(xs->ctx, l, id);
+            }
+        }
+    }
+    double dt = timer_now() - t0;
+    store_stats st;
+    store_stats_get(e.store, &st);
+    double gbs = st.bytes_read / 1e9 / dt;
+    printf("bench io: %ld tokens, %.1f MB read per token, %.2f s, %.2f GB/s delivered", tokens,
+           st.bytes_read / 1e6 / (double)tokens, dt, gbs);
+    if (drive_gbs > 0)
+        printf(", %.2f of %.2f GB/s", gbs / drive_gbs, drive_gbs);
+    printf(", hit rate %.1f%%\n", st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0);
+    cli_engine_stats(&e, (int)tokens, dt);
+    rc = 0;
+out:
+    if (rc)
+        cli_fail(cmd, &err);
+    free(ids);
+    cli_engine_close(&e);
+    return rc;
+}
