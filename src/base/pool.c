@@ -8,6 +8,8 @@
  */
 #include "base/pool.h"
 
+#include "base/timer.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,7 +24,11 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-enum { SPIN_ITERS = 20000 };
+/* How long an idle worker keeps polling for the next loop before it sleeps. Decode issues a
+ * thousand or more loops per token with single-threaded work between them; waking a sleeping
+ * thread costs far more than that gap on virtual machines (measured: half of all decode time
+ * went to wake-ups with a 20000-poll limit), so workers stay hot for a few milliseconds. */
+#define SPIN_SECONDS 0.005
 
 struct worker {
     pool *p;
@@ -63,10 +69,13 @@ static void *worker_main(void *arg)
     for (;;) {
         unsigned g;
         int spins = 0;
+        double idle_since = timer_now();
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->quit, memory_order_acquire)) {
-            if (++spins < SPIN_ITERS) {
+            if ((++spins & 255) != 0 || timer_now() - idle_since < SPIN_SECONDS) {
                 CPU_RELAX();
+                if ((spins & 1023) == 0)
+                    sched_yield(); /* on a busy machine the thread we wait for may need this core */
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -176,8 +185,11 @@ void pool_for(pool *p, int n, pool_fn fn, void *ctx)
     range_of(n, p->n, 0, &b, &e);
     if (b < e)
         fn(ctx, b, e, 0);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1)
+    for (unsigned spins = 1; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; spins++) {
         CPU_RELAX();
+        if ((spins & 1023) == 0)
+            sched_yield();
+    }
 }
 
 int pool_reserve(pool *p, size_t bytes, errbuf *err)

@@ -14,11 +14,11 @@
 #include "store/store.h"
 
 static const char *HELP =
-    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--model STORE]\n"
+    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--model STORE] [--verbose]\n"
     "For each drive folder: O_DIRECT sequential read bandwidth at several request sizes and queue\n"
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
-    "1G) that is removed afterwards. With --model STORE: reads every blob of a DFSP store and checks\n"
-    "its xxh3 checksum.\n";
+    "1G) that is removed afterwards; --verbose prints the whole size x depth grid. With --model\n"
+    "STORE: reads every blob of a DFSP store and checks its xxh3 checksum.\n";
 
 static int write_temp(const char *path, uint64_t size, errbuf *err)
 {
@@ -115,11 +115,15 @@ static void rand_lat(const char *path, uint64_t size, double *p50, double *p99, 
 int cmd_doctor(int argc, char **argv)
 {
     const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *v;
+    int verbose = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(HELP, stdout);
             return 0;
+        } else if (!strcmp(argv[i], "--verbose")) {
+            verbose = 1;
+            continue;
         } else if ((r = cli_opt(argc, argv, &i, "--drives", &v))) {
             drives = v;
         } else if ((r = cli_opt(argc, argv, &i, "--size", &v))) {
@@ -151,19 +155,28 @@ int cmd_doctor(int argc, char **argv)
                 return cli_fail(cmd, &err);
             }
             static const uint64_t reqs[] = {128 << 10, 1 << 20, 4 << 20};
-            static const int depths[] = {1, 4, 16, 32};
-            double best = 0;
+            static const int depths[] = {1, 4, 8, 16, 32, 64};
+            double best = 0, grid[3][6];
             uint64_t br = 0;
             int bd = 0;
             for (size_t a = 0; a < 3; a++)
-                for (size_t b = 0; b < 4; b++) {
-                    double g = seq_bw(path, size, reqs[a], depths[b], &err);
+                for (size_t b = 0; b < 6; b++) {
+                    double g = grid[a][b] = seq_bw(path, size, reqs[a], depths[b], &err);
                     if (g > best) {
                         best = g;
                         br = reqs[a];
                         bd = depths[b];
                     }
                 }
+            if (verbose) {
+                fprintf(stderr, "%s: GB/s by request size (rows) and queue depth 1 4 8 16 32 64:\n", d);
+                for (size_t a = 0; a < 3; a++) {
+                    fprintf(stderr, "  %5llu KiB:", (unsigned long long)(reqs[a] >> 10));
+                    for (size_t b = 0; b < 6; b++)
+                        fprintf(stderr, " %6.2f", grid[a][b]);
+                    fprintf(stderr, "\n");
+                }
+            }
             double p50, p99;
             rand_lat(path, size, &p50, &p99, &err);
             unlink(path);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -43,7 +44,8 @@ struct store {
     /* slots */
     int nslots;
     uint64_t slot_bytes;
-    uint8_t *mem;
+    uint8_t *mem;    /* [nslots * slot_bytes], mmap'd */
+    size_t mem_bytes;
     slot *sl;
     int *blob_slot;  /* [nblobs] */
     uint8_t *verified;
@@ -437,10 +439,20 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     s->ids = malloc(sizeof(int) * (size_t)ne);
     s->items_blob = malloc(sizeof(int) * (size_t)ne);
     s->items_state = malloc(sizeof(int) * (size_t)ne);
+    s->mem_bytes = (size_t)s->nslots * s->slot_bytes;
+    /* slot memory: huge pages where the kernel gives them, touched now so that reads never wait
+     * for the kernel to find and zero pages (measured: page faults were a third of the read
+     * path's CPU time) */
+    void *mem = mmap(NULL, s->mem_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+        madvise(mem, s->mem_bytes, MADV_HUGEPAGE);
+#endif
+        memset(mem, 0, s->mem_bytes);
+        s->mem = mem;
+    }
     if (!s->sl || !s->blob_slot || !s->verified || !s->heat || !s->read_pass || !s->reads_in_pass || !s->ids ||
-        !s->items_blob || !s->items_state ||
-        posix_memalign((void **)&s->mem, BLOB_ALIGN, (size_t)s->nslots * s->slot_bytes) != 0) {
-        s->mem = NULL;
+        !s->items_blob || !s->items_state || !s->mem) {
         store_free(s);
         return errbuf_set(err, "store: out of memory for %d expert slots", (int)slots);
     }
@@ -489,7 +501,8 @@ void store_free(store *s)
     while (s->io && io_pending(s->io) > 0 && io_reap(s->io, &tag, &ok, 1, &err) >= 0) {
     }
     io_free(s->io);
-    free(s->mem);
+    if (s->mem)
+        munmap(s->mem, s->mem_bytes);
     free(s->sl);
     free(s->blob_slot);
     free(s->verified);
