@@ -50,5 +50,14 @@ if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then
   fi
 fi
 
+tokdir=../shared/oracle/tokenizers
+if [ -d "$tokdir" ] && [ -f ../shared/oracle/tok_check.py ] && command -v python3 >/dev/null; then
+  if r=$(python3 ../shared/oracle/tok_check.py "$build/deltafin" "$tokdir" "$tokdir/expected.json" 2>&1); then
+    echo "ok   shared oracle tok_check.py (${r##*$'\n'})"; pass=$((pass + 1))
+  else
+    echo "FAIL shared oracle tok_check.py:"; printf '%s\n' "$r" | sed 's/^/    /'; fail=$((fail + 1))
+  fi
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

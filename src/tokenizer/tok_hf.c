@@ -180,16 +180,23 @@ static int merge_pair(const json_t *m, const char **a, size_t *al, const char **
 
 int tok_load_hf(tok *t, const char *dir, errbuf *err)
 {
-    char path[4096];
-    char *text = NULL, *cat = NULL;
-    size_t len = 0;
+    char path[4096], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (file_read_all(path, &text, &len, err))
+        return -1;
+    int rc = tok_load_hf_buf(t, path, text, len, err);
+    free(text);
+    return rc;
+}
+
+int tok_load_hf_buf(tok *t, const char *path, const char *text, size_t len, errbuf *err)
+{
+    char *cat = NULL;
     json_t *root = NULL;
     int rc = -1, bytelevel = 0;
     int16_t inv[324];
     byte_alphabet(inv);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (file_read_all(path, &text, &len, err))
-        return -1;
     if (!(root = tok_json_load(text, len, path, err)))
         goto out;
     const json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab"),
@@ -266,6 +273,13 @@ int tok_load_hf(tok *t, const char *dir, errbuf *err)
         errbuf_set(err, "%s: empty vocabulary", path);
         goto out;
     }
+    /* ids index arrays, so they must be (nearly) dense: a stray huge id is an error, not 4 GB */
+    size_t nentries = json_object_size(vocab) + json_array_size(added);
+    if ((size_t)maxid > 2 * nentries + 65536) {
+        errbuf_set(err, "%s: token id %lld is far beyond the %zu tokens (ids must be dense)", path, (long long)maxid,
+                   nentries);
+        goto out;
+    }
     t->nids = (int32_t)maxid + 1;
     uint8_t **src = calloc((size_t)t->nids, sizeof *src); /* bytes of each id, into cat */
     uint32_t *srclen = calloc((size_t)t->nids, sizeof *srclen);
@@ -273,7 +287,7 @@ int tok_load_hf(tok *t, const char *dir, errbuf *err)
     t->kind = calloc((size_t)t->nids, 1);
     t->off = calloc((size_t)t->nids + 1, sizeof *t->off);
     t->blob = malloc(blob + 1);
-    if (!src || !srclen || !cat || !t->kind || !t->off || !t->blob || tok_smap_init(&t->bytes, (size_t)t->nids)) {
+    if (!src || !srclen || !cat || !t->kind || !t->off || !t->blob || tok_smap_init(&t->bytes, nentries)) {
         free(src);
         free(srclen);
         errbuf_set(err, "out of memory");
@@ -393,6 +407,5 @@ int tok_load_hf(tok *t, const char *dir, errbuf *err)
 out:
     free(cat);
     json_decref(root);
-    free(text);
     return rc;
 }

@@ -153,9 +153,19 @@ struct tok {
     int32_t eom;
 };
 
-/* Loaders (tok_tiktoken.c, tok_hf.c). Both fill blob/off/kind/bytes/specials and the pretok. */
+/* Loaders (tok_tiktoken.c, tok_hf.c). Both fill blob/off/kind/bytes and the pretok; tok_load
+ * reads the files and calls the _buf parsers (which the fuzz targets call directly), then
+ * tok_finish (specials index, chat format, stop ids; every JSON argument may be NULL). */
+tok *tok_new(void);
 int tok_load_tiktoken(tok *t, const char *dir, errbuf *err);
+/* Rank file text; `plain` = tiktoken_config.json (pat_str, special_tokens) for a plain encoding,
+ * else Kimi's layout with names from tokenizer_config.json `tcfg`. */
+int tok_load_tiktoken_buf(tok *t, const char *path, const char *text, size_t len, const json_t *plain,
+                          const char *plainpath, const json_t *tcfg, const char *tcfgpath, errbuf *err);
 int tok_load_hf(tok *t, const char *dir, errbuf *err);
+int tok_load_hf_buf(tok *t, const char *path, const char *text, size_t len, errbuf *err);
+int tok_finish(tok *t, const json_t *config, const json_t *tokenizer_config, const char *chat_template,
+               errbuf *err);
 /* Builds spec/spec_first/spec_len from every id of kind TK_SPECIAL or TK_ADDED (tok_encode.c). */
 int tok_specials_index(tok *t, errbuf *err);
 /* Leftmost-longest special in s[from..end); returns 1 with [*ms, *me) and *id, or 0. */

@@ -95,23 +95,10 @@ static void add_eos(tok *t, const json_t *v)
         json_array_foreach(v, i, x) if (json_is_integer(x)) add_stop(t, (int32_t)json_integer_value(x));
 }
 
-/* Reads config.json / tokenizer_config.json / chat_template.jinja (all optional). */
-static int detect_chat(tok *t, const char *dir, errbuf *err)
+int tok_finish(tok *t, const json_t *cfg, const json_t *tcfg, const char *jinja, errbuf *err)
 {
-    char path[4096];
-    json_t *cfg = NULL, *tcfg = NULL;
-    char *jinja = NULL;
-    size_t jlen = 0;
-    int rc = -1;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (file_exists(path) && !(cfg = jsonr_load_file(path, err)))
-        goto out;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    if (file_exists(path) && !(tcfg = jsonr_load_file(path, err)))
-        goto out;
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    if (file_exists(path) && file_read_all(path, &jinja, &jlen, err))
-        goto out;
+    if (tok_specials_index(t, err))
+        return -1;
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     const json_t *ct = json_object_get(tcfg, "chat_template");
     const char *tmpl = jinja;
@@ -167,37 +154,60 @@ static int detect_chat(tok *t, const char *dir, errbuf *err)
     }
     add_eos(t, json_object_get(cfg, "eos_token_id"));
     add_eos(t, json_object_get(json_object_get(cfg, "text_config"), "eos_token_id"));
-    rc = 0;
-out:
-    json_decref(cfg);
-    json_decref(tcfg);
-    free(jinja);
-    return rc;
+    return 0;
+}
+
+tok *tok_new(void)
+{
+    tok *t = calloc(1, sizeof *t);
+    if (t)
+        t->eom = -1;
+    return t;
 }
 
 int tok_load(tok **out, const char *dir, errbuf *err)
 {
     char path[4096];
+    json_t *cfg = NULL, *tcfg = NULL;
+    char *jinja = NULL;
+    size_t jlen = 0;
+    int rc = -1;
     *out = NULL;
-    tok *t = calloc(1, sizeof *t);
+    tok *t = tok_new();
     if (!t)
         return errbuf_set(err, "out of memory");
-    t->eom = -1;
-    int rc;
     snprintf(path, sizeof path, "%s/tiktoken.model", dir);
     if (file_exists(path)) {
-        rc = tok_load_tiktoken(t, dir, err);
+        if (tok_load_tiktoken(t, dir, err))
+            goto out;
     } else {
         snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-        if (file_exists(path))
-            rc = tok_load_hf(t, dir, err);
-        else
-            rc = errbuf_set(err, "%s: no tiktoken.model or tokenizer.json", dir);
+        if (!file_exists(path)) {
+            errbuf_set(err, "%s: no tiktoken.model or tokenizer.json", dir);
+            goto out;
+        }
+        if (tok_load_hf(t, dir, err))
+            goto out;
     }
-    if (rc || tok_specials_index(t, err) || detect_chat(t, dir, err)) {
-        tok_free(t);
-        return -1;
-    }
+    /* the chat format: config.json, tokenizer_config.json, chat_template.jinja (all optional) */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (file_exists(path) && !(cfg = jsonr_load_file(path, err)))
+        goto out;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (file_exists(path) && !(tcfg = jsonr_load_file(path, err)))
+        goto out;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (file_exists(path) && file_read_all(path, &jinja, &jlen, err))
+        goto out;
+    if (tok_finish(t, cfg, tcfg, jinja, err))
+        goto out;
     *out = t;
-    return 0;
+    t = NULL;
+    rc = 0;
+out:
+    tok_free(t);
+    json_decref(cfg);
+    json_decref(tcfg);
+    free(jinja);
+    return rc;
 }

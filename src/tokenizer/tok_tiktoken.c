@@ -165,6 +165,10 @@ static int build(tok *t, const char *path, const char *text, size_t len, spec_in
             errbuf_set(err, "%s: special '%s' has id %d, which is a mergeable rank", path, sp[k].name, sp[k].id);
             goto out;
         }
+        if ((size_t)sp[k].id >= n + 65536) { /* ids index arrays: keep them dense */
+            errbuf_set(err, "%s: special '%s' has id %d, more than 65536 past the last rank", path, sp[k].name, sp[k].id);
+            goto out;
+        }
         if (sp[k].id >= nids)
             nids = sp[k].id + 1;
         slen += strlen(sp[k].name);
@@ -253,33 +257,24 @@ static size_t count_entries(const char *text, size_t len)
     return n;
 }
 
-int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
+int tok_load_tiktoken_buf(tok *t, const char *path, const char *text, size_t len, const json_t *plain,
+                          const char *plainpath, const json_t *tcfg, const char *tcfgpath, errbuf *err)
 {
-    char path[4096], cfgpath[4096];
-    char *text = NULL;
-    size_t len = 0;
-    json_t *cfg = NULL;
     spec_in *sp = NULL;
     int nsp = 0, rc = -1;
     const char *pat = tok_pretok_pattern(PT_KIMI);
     size_t patlen = strlen(pat);
-    snprintf(path, sizeof path, "%s/tiktoken.model", dir);
-    if (file_read_all(path, &text, &len, err))
-        return -1;
-    snprintf(cfgpath, sizeof cfgpath, "%s/tiktoken_config.json", dir);
-    if (file_exists(cfgpath)) {
+    if (plain) {
         /* a plain tiktoken encoding: pattern and specials given explicitly */
-        if (!(cfg = jsonr_load_file(cfgpath, err)))
-            goto out;
-        const json_t *ps = json_object_get(cfg, "pat_str"), *st = json_object_get(cfg, "special_tokens");
+        const json_t *ps = json_object_get(plain, "pat_str"), *st = json_object_get(plain, "special_tokens");
         if (!json_is_string(ps)) {
-            errbuf_set(err, "%s: field 'pat_str' must be a string", cfgpath);
+            errbuf_set(err, "%s: field 'pat_str' must be a string", plainpath);
             goto out;
         }
         pat = json_string_value(ps);
         patlen = json_string_length(ps);
         if (st && !json_is_object(st)) {
-            errbuf_set(err, "%s: field 'special_tokens' must be an object", cfgpath);
+            errbuf_set(err, "%s: field 'special_tokens' must be an object", plainpath);
             goto out;
         }
         sp = calloc(json_object_size(st) + 1, sizeof *sp);
@@ -292,7 +287,7 @@ int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
         json_object_foreach((json_t *)st, k, v)
         {
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100000000) {
-                errbuf_set(err, "%s: special_tokens.%s: expected a token id", cfgpath, k);
+                errbuf_set(err, "%s: special_tokens.%s: expected a token id", plainpath, k);
                 goto out;
             }
             sp[nsp].id = (int32_t)json_integer_value(v);
@@ -306,16 +301,10 @@ int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
         /* Kimi: tokenization_kimi.py's pattern, slicing and 256 reserved special slots */
         t->kimi_slicing = 1;
         size_t n = count_entries(text, len);
-        snprintf(cfgpath, sizeof cfgpath, "%s/tokenizer_config.json", dir);
-        const json_t *atd = NULL;
-        if (file_exists(cfgpath)) {
-            if (!(cfg = jsonr_load_file(cfgpath, err)))
-                goto out;
-            atd = json_object_get(cfg, "added_tokens_decoder");
-            if (atd && !json_is_object(atd)) {
-                errbuf_set(err, "%s: field 'added_tokens_decoder' must be an object", cfgpath);
-                goto out;
-            }
+        const json_t *atd = json_object_get(tcfg, "added_tokens_decoder");
+        if (atd && !json_is_object(atd)) {
+            errbuf_set(err, "%s: field 'added_tokens_decoder' must be an object", tcfgpath);
+            goto out;
         }
         sp = calloc(KIMI_RESERVED, sizeof *sp);
         if (!sp) {
@@ -333,7 +322,7 @@ int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
             if (e) {
                 const json_t *c = json_object_get(e, "content"), *s = json_object_get(e, "special");
                 if (!json_is_string(c)) {
-                    errbuf_set(err, "%s: added_tokens_decoder.%s.content must be a string", cfgpath, key);
+                    errbuf_set(err, "%s: added_tokens_decoder.%s.content must be a string", tcfgpath, key);
                     goto out;
                 }
                 name = json_string_value(c);
@@ -353,14 +342,38 @@ int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
         goto out;
     t->pt.nlev = 1;
     t->pt.drop_gaps = 1;
-    if (tok_pretok_level(&t->pt.lev[0], pat, patlen, 0, cfg && !t->kimi_slicing ? cfgpath : path, err))
+    if (tok_pretok_level(&t->pt.lev[0], pat, patlen, 0, plain ? plainpath : path, err))
         goto out;
     rc = 0;
 out:
     for (int i = 0; i < nsp; i++)
         free(sp[i].name);
     free(sp);
-    json_decref(cfg);
+    return rc;
+}
+
+int tok_load_tiktoken(tok *t, const char *dir, errbuf *err)
+{
+    char path[4096], plainpath[4096], tcfgpath[4096];
+    char *text = NULL;
+    size_t len = 0;
+    json_t *plain = NULL, *tcfg = NULL;
+    int rc = -1;
+    snprintf(path, sizeof path, "%s/tiktoken.model", dir);
+    snprintf(plainpath, sizeof plainpath, "%s/tiktoken_config.json", dir);
+    snprintf(tcfgpath, sizeof tcfgpath, "%s/tokenizer_config.json", dir);
+    if (file_read_all(path, &text, &len, err))
+        return -1;
+    if (file_exists(plainpath)) {
+        if (!(plain = jsonr_load_file(plainpath, err)))
+            goto out;
+    } else if (file_exists(tcfgpath) && !(tcfg = jsonr_load_file(tcfgpath, err))) {
+        goto out;
+    }
+    rc = tok_load_tiktoken_buf(t, path, text, len, plain, plainpath, tcfg, tcfgpath, err);
+out:
+    json_decref(plain);
+    json_decref(tcfg);
     free(text);
     return rc;
 }

@@ -1,0 +1,37 @@
+/* fuzz_tok_chat.c — chat rendering of arbitrary JSON requests in the K3 and Qwen3 formats (thinking
+ * on and off): an error or ids, never a crash; the K3 prompt always ends with its generation
+ * prompt's <|sep|>. Run from the repository root (the vocabularies are in tests/data). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tokenizer/tok.h"
+
+static tok *k3, *qw;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    errbuf err;
+    if (!k3 && (tok_load(&k3, "tests/data/tokenizers/kimi-k3-standin", &err) ||
+                tok_load(&qw, "tests/data/tokenizers/qwen3", &err))) {
+        fprintf(stderr, "fuzz_tok_chat: %s (run from the repository root)\n", err.msg);
+        exit(1);
+    }
+    json_error_t je;
+    json_t *req = json_loadb((const char *)data, size, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!req)
+        return 0;
+    for (int think = 0; think < 2; think++) {
+        tok_chat_opts o;
+        tok_chat_opts_init(&o);
+        o.thinking = think;
+        tok_ids ids = {0};
+        if (tok_chat_encode(k3, req, &o, &ids, &err) == 0 && (ids.n == 0 || ids.v[ids.n - 1] != 200003))
+            abort();
+        ids.n = 0;
+        tok_chat_encode(qw, req, &o, &ids, &err);
+        tok_ids_free(&ids);
+    }
+    json_decref(req);
+    return 0;
+}
