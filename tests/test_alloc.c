@@ -82,5 +82,5 @@ static void decode_allocates_nothing(const char *dir, double temperature)
 
 TEST(alloc_decode_default_model) { decode_allocates_nothing("models/default", 0.0); }
 TEST(alloc_decode_sampling) { decode_allocates_nothing("models/default", 0.8); }
-TEST(alloc_decode_deepseek) { decode_allocates_nothing("tests/data/oracle/deepseek_v3-yarn", 0.0); }
-TEST(alloc_decode_qwen3_moe) { decode_allocates_nothing("tests/data/oracle/qwen3_moe-a", 0.0); }
+TEST(alloc_decode_deepseek) { decode_allocates_nothing(test_data("oracle/deepseek_v3-yarn"), 0.0); }
+TEST(alloc_decode_qwen3_moe) { decode_allocates_nothing(test_data("oracle/qwen3_moe-a"), 0.0); }

@@ -150,8 +150,8 @@ static void compare_all(const char *src)
 }
 
 TEST(store_exact_default_model) { compare_all("models/default"); }
-TEST(store_exact_kimi_k3) { compare_all("tests/data/oracle/kimi_k3-b"); }
-TEST(store_exact_deepseek_int4) { compare_all("tests/data/oracle/kimi_k2-int4"); }
+TEST(store_exact_kimi_k3) { compare_all(test_data("oracle/kimi_k3-b")); }
+TEST(store_exact_deepseek_int4) { compare_all(test_data("oracle/kimi_k2-int4")); }
 
 static void copy_file(const char *a, const char *b)
 {
@@ -256,14 +256,14 @@ TEST(store_refuses_another_model)
     errbuf err;
     char *dst = dir_in_tmp("mix");
     CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
-    CHECK(prepare("tests/data/oracle/kimi_k3-b", dst, 1, 1, &err) != 0);
+    CHECK(prepare(test_data("oracle/kimi_k3-b"), dst, 1, 1, &err) != 0);
     CHECKF(strstr(err.msg, "another model"), "%s", err.msg);
     /* an unfinished prepare of another model is refused too */
     char *dst2 = dir_in_tmp("mix2"), cmd[8192], out[4096];
     snprintf(cmd, sizeof cmd, "DELTAFIN_PREPARE_STOP_AFTER=5 %s prepare --model models/default --out %s", tu_bin(),
              dst2);
     CHECK(tu_run(cmd, out, sizeof out) == 3);
-    CHECK(prepare("tests/data/oracle/kimi_k3-b", dst2, 1, 1, &err) != 0);
+    CHECK(prepare(test_data("oracle/kimi_k3-b"), dst2, 1, 1, &err) != 0);
     CHECKF(strstr(err.msg, "another model") && strstr(err.msg, "journal"), "%s", err.msg);
     /* the same model again is fine */
     CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
