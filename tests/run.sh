@@ -9,6 +9,9 @@ build=${1:-build}
 pass=0
 fail=0
 
+./tests/testdata.sh "$build" || { echo "FAIL test data: could not lay out $build/testdata"; echo "0 passed, 1 failed"; exit 1; }
+export DF_TEST_DATA="$build/testdata"
+
 out=$("$build/test_runner" 2>&1)
 status=$?
 printf '%s\n' "$out" | sed '$d'

@@ -4,7 +4,8 @@
  *
  * A failing CHECK records file:line and the message and ends that test; the runner
  * (test_main.c) prints one line per test and ends with "N passed, N failed".
- * Test data lives under tests/data (the suite never reads ../shared).
+ * Test data is laid out under build/testdata by tests/testdata.sh from tests/data (bulky cases
+ * are committed as .tar.xz); $DF_TEST_DATA overrides the root. The suite never reads ../shared.
  */
 #ifndef DF_TESTS_TEST_H
 #define DF_TESTS_TEST_H

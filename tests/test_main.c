@@ -53,7 +53,7 @@ const char *test_data(const char *rel)
 {
     static char buf[4096];
     const char *root = getenv("DF_TEST_DATA");
-    snprintf(buf, sizeof buf, "%s/%s", root ? root : "tests/data", rel);
+    snprintf(buf, sizeof buf, "%s/%s", root ? root : "build/testdata", rel); /* tests/testdata.sh */
     return buf;
 }
 
