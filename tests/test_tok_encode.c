@@ -47,7 +47,7 @@ static char *big_text(size_t target, size_t *len)
         "中文分词测试，以及标点。日本語のテキストとカタカナ、한국어 문장입니다.\n",
         "  \u00a0\u2009 spaces\t\ttabs\r\n\r\n\n",
         "<|end_of_msg|><|im_end|><think>[BOS]<|endoftext|>",
-        "na\xC3\xAFve cafe\xCC\x81 \xF0\x9F\xA6\x80 \xC3\xBC" "ber 1234567890 \xD9\xA1\xD9\xA2\xD9\xA3 ",
+        ("na\xC3\xAFve cafe\xCC\x81 \xF0\x9F\xA6\x80 \xC3\xBC" "ber 1234567890 \xD9\xA1\xD9\xA2\xD9\xA3 "),
     };
     while (b && n < target) {
         uint64_t r = tt_rand(&st) % 1000;

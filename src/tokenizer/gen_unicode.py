@@ -92,6 +92,9 @@ def main():
     w("const uint16_t toku_class_flags[%d] = {" % len(classes))
     w(",".join(str(f) for f in classes))
     w("};\n\n")
+    w("const uint16_t toku_ascii[128] = {")
+    w(",".join(str(flags[c]) for c in range(128)))
+    w("};\n\n")
     w("const uint16_t toku_stage1[%d] = {\n" % len(stage1))
     for i in range(0, len(stage1), 48):
         w(",".join(str(x) for x in stage1[i:i + 48]) + ",\n")

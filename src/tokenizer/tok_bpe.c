@@ -50,14 +50,28 @@ int tok_smap_init(tok_smap *m, size_t n)
 {
     uint64_t cap = pow2_at_least(2 * n + 1);
     m->slot = calloc(cap, sizeof *m->slot);
+    m->tag = calloc(cap, 1);
     m->mask = cap - 1;
-    return m->slot ? 0 : -1;
+    if (!m->slot || !m->tag) {
+        tok_smap_free(m);
+        return -1;
+    }
+    return 0;
 }
 
 void tok_smap_free(tok_smap *m)
 {
     free(m->slot);
+    free(m->tag);
     m->slot = NULL;
+    m->tag = NULL;
+}
+
+static inline uint64_t load_short(const uint8_t *p, size_t n)
+{
+    uint64_t w = 0;
+    memcpy(&w, p, n); /* n <= 8: little bytes first, zero padded */
+    return w;
 }
 
 static inline int same_bytes(const tok *t, int32_t id, const uint8_t *p, size_t n)
@@ -68,16 +82,20 @@ static inline int same_bytes(const tok *t, int32_t id, const uint8_t *p, size_t 
 
 int32_t tok_smap_get(const tok_smap *m, const tok *t, const uint8_t *p, size_t n)
 {
-    uint32_t h = tok_hash(p, n);
+    uint32_t h = tok_hash(p, n), l8 = n < 255 ? (uint32_t)n : 255;
+    uint8_t tag = (uint8_t)(1 + (h >> 25));
+    uint64_t w = n <= 8 ? load_short(p, n) : 0;
     for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        uint64_t s = m->slot[i];
-        if (!s)
+        if (!m->tag[i])
             return -1;
-        if ((uint32_t)(s >> 32) == h) {
-            int32_t id = (int32_t)((uint32_t)s - 1);
-            if (same_bytes(t, id, p, n))
-                return id;
-        }
+        if (m->tag[i] != tag)
+            continue;
+        const tok_slot *s = &m->slot[i];
+        if (s->hash != h || s->idl >> 24 != l8)
+            continue;
+        int32_t id = (int32_t)(s->idl & 0xFFFFFF) - 1;
+        if (n <= 8 ? s->inl == w : same_bytes(t, id, p, n))
+            return id;
     }
 }
 
@@ -85,19 +103,18 @@ int32_t tok_smap_put(tok_smap *m, const tok *t, int32_t id)
 {
     const uint8_t *p = t->blob + t->off[id];
     size_t n = (size_t)(t->off[id + 1] - t->off[id]);
+    int32_t old = tok_smap_get(m, t, p, n);
+    if (old >= 0)
+        return old;
     uint32_t h = tok_hash(p, n);
-    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        uint64_t s = m->slot[i];
-        if (!s) {
-            m->slot[i] = (uint64_t)h << 32 | (uint32_t)(id + 1);
-            return -1;
-        }
-        if ((uint32_t)(s >> 32) == h) {
-            int32_t old = (int32_t)((uint32_t)s - 1);
-            if (same_bytes(t, old, p, n))
-                return old;
-        }
-    }
+    uint64_t i = h & m->mask;
+    while (m->tag[i])
+        i = (i + 1) & m->mask;
+    m->tag[i] = (uint8_t)(1 + (h >> 25));
+    m->slot[i].hash = h;
+    m->slot[i].idl = ((uint32_t)id + 1) | (n < 255 ? (uint32_t)n : 255) << 24;
+    m->slot[i].inl = n <= 8 ? load_short(p, n) : 0;
+    return -1;
 }
 
 int tok_pmap_init(tok_pmap *m, size_t n)
@@ -135,10 +152,17 @@ int tok_pmap_put(tok_pmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t ne
     }
 }
 
-/* Rank and resulting id of merging the part [s0, s1) with [s1, s2), whose ids are a and b. */
-static inline uint32_t pair_rank(const tok *t, const uint8_t *p, size_t s0, size_t s2, uint32_t a, uint32_t b,
-                                 uint32_t *newid)
+/* Rank and resulting id of merging the part [s0, s1) with [s1, s2), whose ids are a and b.
+ * Two single bytes (every first round of a merge) come from the 64K-entry table built at load,
+ * which stays in cache; everything else is a hash lookup. */
+static inline uint32_t pair_rank(const tok *t, const uint8_t *p, size_t s0, size_t s1, size_t s2, uint32_t a,
+                                 uint32_t b, uint32_t *newid)
 {
+    if (s2 - s0 == 2 && s1 - s0 == 1) {
+        uint64_t v = t->pair2[(size_t)p[s0] << 8 | p[s0 + 1]];
+        *newid = (uint32_t)v;
+        return (uint32_t)(v >> 32);
+    }
     if (t->hf) {
         uint32_t r;
         return tok_pmap_get(&t->merges, a, b, &r, newid) ? r : RANK_NONE;
@@ -146,6 +170,27 @@ static inline uint32_t pair_rank(const tok *t, const uint8_t *p, size_t s0, size
     int32_t id = tok_smap_get(&t->bytes, t, p + s0, s2 - s0);
     *newid = (uint32_t)id;
     return id < 0 ? RANK_NONE : (uint32_t)id;
+}
+
+int tok_pair2_init(tok *t)
+{
+    t->pair2 = malloc(65536 * sizeof *t->pair2);
+    if (!t->pair2)
+        return -1;
+    for (int x = 0; x < 65536; x++) {
+        uint8_t two[2] = {(uint8_t)(x >> 8), (uint8_t)x};
+        uint32_t r = RANK_NONE, nw = 0;
+        if (t->hf) {
+            if (!tok_pmap_get(&t->merges, (uint32_t)t->byte_id[two[0]], (uint32_t)t->byte_id[two[1]], &r, &nw))
+                r = RANK_NONE;
+        } else {
+            int32_t id = tok_smap_get(&t->bytes, t, two, 2);
+            r = id < 0 ? RANK_NONE : (uint32_t)id;
+            nw = (uint32_t)id;
+        }
+        t->pair2[x] = (uint64_t)r << 32 | nw;
+    }
+    return 0;
 }
 
 static int reserve(tok_scratch *sc, size_t n)
@@ -174,7 +219,7 @@ static int merge_small(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc
     }
     st[n] = (uint32_t)n;
     for (size_t k = 0; k + 1 < m; k++)
-        pr[k] = pair_rank(t, p, st[k], st[k + 2], id[k], id[k + 1], &pn[k]);
+        pr[k] = pair_rank(t, p, st[k], st[k + 1], st[k + 2], id[k], id[k + 1], &pn[k]);
     while (m > 1) {
         uint32_t best = RANK_NONE;
         size_t bi = 0;
@@ -193,9 +238,9 @@ static int merge_small(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc
         memmove(pn + bi + 1, pn + bi + 2, sizeof *pn * tail);
         m--;
         if (bi + 1 < m)
-            pr[bi] = pair_rank(t, p, st[bi], st[bi + 2], id[bi], id[bi + 1], &pn[bi]);
+            pr[bi] = pair_rank(t, p, st[bi], st[bi + 1], st[bi + 2], id[bi], id[bi + 1], &pn[bi]);
         if (bi > 0)
-            pr[bi - 1] = pair_rank(t, p, st[bi - 1], st[bi + 1], id[bi - 1], id[bi], &pn[bi - 1]);
+            pr[bi - 1] = pair_rank(t, p, st[bi - 1], st[bi], st[bi + 1], id[bi - 1], id[bi], &pn[bi - 1]);
     }
     for (size_t k = 0; k < m; k++)
         if (tok_ids_push(out, (int32_t)id[k]))
@@ -261,7 +306,7 @@ static int merge_heap(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc,
         alive[k] = 1;
     }
     for (size_t k = 0; k + 1 < n; k++) {
-        uint32_t nw, e2 = nx[k + 1], r = pair_rank(t, p, k, e2, id[k], id[k + 1], &nw);
+        uint32_t nw, e2 = nx[k + 1], r = pair_rank(t, p, k, k + 1, e2, id[k], id[k + 1], &nw);
         if (r != RANK_NONE)
             hpush(h, &hn, (hent){r, (uint32_t)k, 0, nw});
     }
@@ -279,14 +324,14 @@ static int merge_heap(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc,
             pv[nx[k]] = k;
         ver[k]++;
         if (nx[k] < n) { /* the last part's nx is n, so nx[nx[k]] is the end of the right part */
-            uint32_t nw, rr = pair_rank(t, p, k, nx[nx[k]], id[k], id[nx[k]], &nw);
+            uint32_t nw, rr = pair_rank(t, p, k, nx[k], nx[nx[k]], id[k], id[nx[k]], &nw);
             if (rr != RANK_NONE)
                 hpush(h, &hn, (hent){rr, k, ver[k], nw});
         }
         if (pv[k] != UINT32_MAX) {
             uint32_t l = pv[k], nw;
             ver[l]++;
-            uint32_t rl = pair_rank(t, p, l, nx[k], id[l], id[k], &nw);
+            uint32_t rl = pair_rank(t, p, l, k, nx[k], id[l], id[k], &nw);
             if (rl != RANK_NONE)
                 hpush(h, &hn, (hent){rl, l, ver[l], nw});
         }

@@ -234,6 +234,15 @@ static int cuts_push(cuts *c, size_t pos)
 static const uint8_t PY_ASCII_SPACE[128] = {[9] = 1,  [10] = 1, [11] = 1, [12] = 1, [13] = 1,
                                             [28] = 1, [29] = 1, [30] = 1, [31] = 1, [32] = 1};
 
+/* Bit i of the result is set when byte i of w is a Python space (w must be all ASCII). */
+static inline unsigned ascii_space_mask(uint64_t w)
+{
+    unsigned m = 0;
+    for (int i = 0; i < 8; i++)
+        m |= (unsigned)PY_ASCII_SPACE[(w >> (8 * i)) & 0x7F] << i;
+    return m;
+}
+
 static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
 {
     if (n <= KIMI_RUN) /* fewer bytes than a run may have characters: nothing to cut */
@@ -242,6 +251,25 @@ static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
     int run_space = 0;
     const uint8_t *e = s + n;
     for (size_t p = 0; p < n;) {
+        /* Eight ASCII bytes at a time while no cut can fall inside them: the run state after the
+         * word is its trailing same-class bytes (or the old run plus 8 if there was no change). */
+        uint64_t w;
+        if (p > 0 && p + 8 <= n && in_window + 8 < KIMI_WINDOW && run + 8 <= KIMI_RUN &&
+            (memcpy(&w, s + p, 8), (w & 0x8080808080808080ull) == 0)) {
+            unsigned m = ascii_space_mask(w), same = run_space ? 0xFFu : 0u;
+            if (m == same) {
+                run += 8;
+            } else {
+                int last = (m >> 7) & 1, k = 1;
+                while (k < 8 && ((m >> (7 - k)) & 1) == (unsigned)last)
+                    k++;
+                run = (size_t)k;
+                run_space = last;
+            }
+            in_window += 8;
+            p += 8;
+            continue;
+        }
         int len = 1, sp;
         if (s[p] < 0x80)
             sp = PY_ASCII_SPACE[s[p]];
@@ -314,22 +342,13 @@ typedef struct unit {
     size_t first; /* pieces before this index are not the serial ones */
 } unit;
 
-/* A piece ready for BPE, or a special id (n == 0). */
-typedef struct gpiece {
-    const uint8_t *s;
-    uint32_t n;
-    int32_t special;
-} gpiece;
-
 typedef struct pjob {
     const tok *t;
     pdoc *docs;
     size_t ndocs;
     unit *units;
     size_t nunits;
-    gpiece *gp;
-    size_t ngp;
-    size_t bounds[2][257]; /* per thread slot: [units range], [pieces range] */
+    size_t bounds[2][257]; /* per thread slot: units to pre-tokenize, units to BPE */
     int phase;
     tok_ids outs[256];
     int rc[256];
@@ -366,9 +385,12 @@ static void pjob_run(void *ctx, int begin, int end, int tid)
             }
         } else {
             tok_ids *o = &j->outs[slot];
-            for (size_t i = j->bounds[1][slot]; i < j->bounds[1][slot + 1] && !j->rc[slot]; i++) {
-                const gpiece *g = &j->gp[i];
-                int bad = g->n ? tok_bpe_piece(j->t, g->s, g->n, &sc, o) : tok_ids_push(o, g->special);
+            for (size_t u = j->bounds[1][slot]; u < j->bounds[1][slot + 1] && !j->rc[slot]; u++) {
+                const unit *un = &j->units[u];
+                const pdoc *d = &j->docs[un->doc];
+                int bad = d->special >= 0 ? tok_ids_push(o, d->special) : 0;
+                for (size_t k = un->first; k < un->pv.n && !bad; k++)
+                    bad = tok_bpe_piece(j->t, d->s + un->pv.v[k].s, un->pv.v[k].e - un->pv.v[k].s, &sc, o);
                 if (bad)
                     j->rc[slot] = errbuf_set(&j->errs[slot], "out of memory encoding text");
             }
@@ -395,12 +417,12 @@ static void balance(size_t *bounds, int slots, size_t n, size_t (*w)(const pjob 
 }
 
 static size_t unit_w(const pjob *j, size_t i) { return j->units[i].to - j->units[i].from; }
-static size_t piece_w(const pjob *j, size_t i) { return j->gp[i].n; }
 
 /* The position the scan of a synchronized chunk would search from next. */
 static size_t scan_pos(const unit *un) { return un->pv.n ? un->pv.v[un->pv.n - 1].e : un->from; }
 
-/* Makes the chunks' pieces exact (see the file comment) and flattens them into j->gp. */
+/* Makes the chunks' pieces exact (see the file comment): afterwards the pieces of unit u from
+ * index units[u].first on, unit after unit, are the serial scan's pieces. */
 static int sync_units(pjob *j, tok_scratch *sc, errbuf *err)
 {
     const tok *t = j->t;
@@ -409,6 +431,8 @@ static int sync_units(pjob *j, tok_scratch *sc, errbuf *err)
     for (size_t u = 0; u < j->nunits; u++) {
         unit *un = &j->units[u];
         un->first = 0;
+        if (j->docs[un->doc].special >= 0)
+            continue;
         if (un->from == 0) { /* a part's first chunk starts where the serial scan starts */
             acc = un;
             pos = scan_pos(un);
@@ -446,27 +470,6 @@ static int sync_units(pjob *j, tok_scratch *sc, errbuf *err)
             pos = last;
         }
     }
-    size_t total = 0;
-    for (size_t u = 0; u < j->nunits; u++)
-        total += j->units[u].pv.n - j->units[u].first;
-    for (size_t d = 0; d < j->ndocs; d++)
-        total += j->docs[d].special >= 0;
-    j->gp = malloc((total + 1) * sizeof *j->gp);
-    if (!j->gp)
-        return errbuf_set(err, "out of memory");
-    size_t g = 0, u = 0;
-    for (size_t d = 0; d < j->ndocs; d++) {
-        if (j->docs[d].special >= 0) {
-            j->gp[g++] = (gpiece){NULL, 0, j->docs[d].special};
-            continue;
-        }
-        for (; u < j->nunits && j->units[u].doc == d; u++)
-            for (size_t k = j->units[u].first; k < j->units[u].pv.n; k++) {
-                tok_piece pc = j->units[u].pv.v[k];
-                j->gp[g++] = (gpiece){j->docs[d].s + pc.s, (uint32_t)(pc.e - pc.s), -1};
-            }
-    }
-    j->ngp = g;
     return 0;
 }
 
@@ -485,11 +488,13 @@ int tok_encode_parallel(const tok *t, const char *text, size_t len, tok_special 
     size_t ndocs = 0, capdocs = 0;
     uint8_t **owned = NULL; /* normalized copies */
     size_t nowned = 0;
-    pjob *j = calloc(1, sizeof *j);
     tok_scratch sc;
-    if (!j || tok_scratch_init(&sc, t, err)) {
-        free(j);
-        return j ? -1 : errbuf_set(err, "out of memory");
+    if (tok_scratch_init(&sc, t, err))
+        return -1;
+    pjob *j = calloc(1, sizeof *j); /* ~200 KB of per-thread slots: not for the stack */
+    if (!j) {
+        tok_scratch_free(&sc);
+        return errbuf_set(err, "out of memory");
     }
     j->t = t;
     if (t->kimi_slicing && kimi_cuts(s, len, &c)) {
@@ -550,16 +555,17 @@ int tok_encode_parallel(const tok *t, const char *text, size_t len, tok_special 
         chunk = 16384;
     size_t nunits = 0;
     for (size_t d = 0; d < ndocs; d++)
-        if (docs[d].special < 0)
-            nunits += tok_pretok_streamable(&t->pt) ? docs[d].n / chunk + 1 : 1;
+        nunits += docs[d].special < 0 && tok_pretok_streamable(&t->pt) ? docs[d].n / chunk + 1 : 1;
     j->units = calloc(nunits + 1, sizeof *j->units);
     if (!j->units) {
         errbuf_set(err, "out of memory");
         goto out;
     }
     for (size_t d = 0; d < ndocs; d++) {
-        if (docs[d].special >= 0)
+        if (docs[d].special >= 0) { /* a unit of its own, with no pieces */
+            j->units[j->nunits++] = (unit){d, 0, 0, {0}, 0};
             continue;
+        }
         size_t from = 0;
         while (from < docs[d].n || from == 0) {
             size_t to = tok_pretok_streamable(&t->pt) ? from + chunk : docs[d].n;
@@ -585,7 +591,7 @@ int tok_encode_parallel(const tok *t, const char *text, size_t len, tok_special 
     /* 4. exact cuts, 5. BPE on all threads */
     if (sync_units(j, &sc, err))
         goto out;
-    balance(j->bounds[1], nth, j->ngp, piece_w, j);
+    balance(j->bounds[1], nth, j->nunits, unit_w, j);
     j->phase = 1;
     pool_for(p, nth, pjob_run, j);
     for (int k = 0; k < nth; k++)
@@ -608,7 +614,6 @@ out:
         free(owned[k]);
     free(owned);
     free(j->units);
-    free(j->gp);
     free(j);
     free(docs);
     free(c.v);

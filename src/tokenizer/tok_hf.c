@@ -241,8 +241,8 @@ int tok_load_hf_buf(tok *t, const char *path, const char *text, size_t len, errb
     json_t *val;
     json_object_foreach((json_t *)vocab, k, val)
     {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30)) {
-            errbuf_set(err, "%s: model.vocab['%.40s']: expected a token id", path, k);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= TOK_MAX_IDS) {
+            errbuf_set(err, "%s: model.vocab['%.40s']: expected a token id below %d", path, k, TOK_MAX_IDS);
             goto out;
         }
         if (json_integer_value(val) > maxid)
@@ -253,7 +253,7 @@ int tok_load_hf_buf(tok *t, const char *path, const char *text, size_t len, errb
     json_array_foreach(added, i, val)
     {
         const json_t *id = json_object_get(val, "id"), *c = json_object_get(val, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) ||
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= TOK_MAX_IDS ||
             !json_is_string(c) || json_string_length(c) == 0) {
             errbuf_set(err, "%s: added_tokens[%zu]: needs an 'id' and a non-empty 'content'", path, i);
             goto out;

@@ -21,11 +21,21 @@
 
 /* ---- hash maps (tok_bpe.c) ---- */
 
-/* bytes -> id, open addressing. slot = hash32 << 32 | (id + 1); 0 marks an empty slot. */
+/* bytes -> id, open addressing over 16-byte slots. A token of at most 8 bytes is kept in the slot
+ * itself, so the common lookup touches one cache line and never the blob. idl = (id + 1) | length
+ * (255: longer) << 24, so ids stay below 2^24 - 1 (TOK_MAX_IDS); idl == 0 marks an empty slot. */
+typedef struct tok_slot {
+    uint32_t hash;
+    uint32_t idl;
+    uint64_t inl; /* the token bytes, zero-padded, when length <= 8 */
+} tok_slot;
 typedef struct tok_smap {
-    uint64_t *slot;
+    tok_slot *slot;
+    uint8_t *tag;  /* [cap] 0 empty, else 1 + the hash's top 7 bits: probing a missing key (most BPE
+                    * pair lookups) stays in this small array, which fits in cache */
     uint64_t mask;
 } tok_smap;
+#define TOK_MAX_IDS 0xFFFFFE
 
 /* (id a, id b) -> (rank, new id). key = a << 32 | b (UINT64_MAX empty); val = rank << 32 | new. */
 typedef struct tok_pmap {
@@ -136,6 +146,7 @@ struct tok {
     tok_smap bytes;   /* mergeable bytes -> id */
     tok_pmap merges;  /* hf only */
     int32_t byte_id[256];
+    uint64_t *pair2;  /* [65536] merge of two single bytes: rank << 32 | new id (rank UINT32_MAX: none) */
     int ignore_merges;
     tok_smap spec;     /* special / added token strings -> id */
     int nspec;
@@ -172,6 +183,8 @@ int tok_specials_index(tok *t, errbuf *err);
 int tok_special_find(const tok *t, const uint8_t *s, size_t from, size_t end, size_t *ms, size_t *me,
                      int32_t *id);
 
+/* Fills t->pair2 once the vocabulary (and merges) are loaded. 0 or -1 (out of memory). */
+int tok_pair2_init(tok *t);
 /* BPE of one piece (tok_bpe.c); appends ids. -1 only on out of memory. */
 int tok_bpe_piece(const tok *t, const uint8_t *p, size_t n, tok_scratch *sc, tok_ids *out);
 /* The merge loop alone, quadratic scan (heap = 0) or heap (heap = 1), for tests: both must agree. */

@@ -22,6 +22,7 @@ void tok_free(tok *t)
     free(t->blob);
     free(t->off);
     free(t->kind);
+    free(t->pair2);
     tok_smap_free(&t->bytes);
     tok_smap_free(&t->spec);
     tok_pmap_free(&t->merges);
@@ -99,6 +100,8 @@ int tok_finish(tok *t, const json_t *cfg, const json_t *tcfg, const char *jinja,
 {
     if (tok_specials_index(t, err))
         return -1;
+    if (tok_pair2_init(t))
+        return errbuf_set(err, "out of memory");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     const json_t *ct = json_object_get(tcfg, "chat_template");
     const char *tmpl = jinja;

@@ -133,8 +133,8 @@ static int build(tok *t, const char *path, const char *text, size_t len, spec_in
         }
         i = j + 1;
     }
-    if (n == 0) {
-        errbuf_set(err, "%s: no ranks", path);
+    if (n == 0 || n > TOK_MAX_IDS - 65536) {
+        errbuf_set(err, "%s: %zu ranks (1 to %d are supported)", path, n, TOK_MAX_IDS - 65536);
         goto out;
     }
     entry_of = malloc(sizeof *entry_of * n);

@@ -36,6 +36,7 @@ enum {
 #define TOKU_INVALID 0x110000u
 
 extern const uint16_t toku_class_flags[];
+extern const uint16_t toku_ascii[128]; /* the flags of U+0000..U+007F, without the two-stage lookup */
 extern const uint16_t toku_stage1[];
 extern const uint8_t toku_stage2[];
 extern const uint32_t toku_ccc[];
@@ -49,6 +50,8 @@ extern const int toku_ncomp;
 
 static inline unsigned toku_flags(uint32_t cp)
 {
+    if (cp < 128)
+        return toku_ascii[cp];
     if (cp >= 0x110000u)
         cp = 0xFFFD;
     return toku_class_flags[toku_stage2[(size_t)toku_stage1[cp >> 7] * 128 + (cp & 127)]];
