@@ -359,3 +359,75 @@ TEST(tok_special_modes)
     CHECK(tok_chat_format_of(k) == TOK_CHAT_K3 && tok_chat_format_of(q) == TOK_CHAT_QWEN3);
     CHECK(tok_chat_format_of(tt_tok("cl100k", NULL)) == TOK_CHAT_NONE);
 }
+
+/* Kimi's slicing (400,000-character windows, runs of at most 25,000 Python-space or non-space
+ * characters) against a direct transcription of tokenization_kimi.py's loop: encoding the whole
+ * text must equal encoding the slices one by one. Runs straddle the limit with every kind of
+ * space (0x1C is a Python space but not a regex one) and multi-byte characters. */
+static int py_space(uint32_t c) { return (toku_flags(c) & TOKU_PYSPACE) != 0; }
+
+TEST(tok_kimi_slicing)
+{
+    const char *why;
+    tok *t = tt_tok("kimi-k3-standin", &why);
+    CHECKF(t, "%s", why);
+    static const char *units[] = {"a", " ", "\t", "\x1C", "\xC2\xA0", "\xE4\xB8\xAD", "b ", "\n"};
+    uint64_t st = 77;
+    for (int r = 0; r < 6; r++) {
+        size_t cap = 1 << 20, n = 0;
+        char *s = malloc(cap + 256);
+        CHECK(s);
+        while (n < (r < 4 ? 160000u : (size_t)cap - 200000)) {
+            const char *u = units[tt_rand(&st) % 8];
+            size_t reps = tt_rand(&st) % 3 == 0 ? 24990 + tt_rand(&st) % 20 : 1 + tt_rand(&st) % 40;
+            size_t ul = strlen(u);
+            if (n + reps * ul > cap)
+                break;
+            for (size_t k = 0; k < reps; k++, n += ul)
+                memcpy(s + n, u, ul);
+        }
+        if (r >= 4) /* over 400,000 characters: window cuts too */
+            while (n < cap - 16)
+                s[n++] = "xy z"[tt_rand(&st) % 4];
+        tok_ids whole = {0}, parts = {0};
+        errbuf err;
+        int ok = !tok_encode(t, s, n, TOK_SPECIAL_NONE, &whole, &err);
+        /* tokenization_kimi.py: for each window, split at runs longer than 25,000 */
+        size_t win_start = 0, chars = 0;
+        const uint8_t *b = (const uint8_t *)s, *e = b + n;
+        for (size_t p = 0; ok && p <= n;) {
+            size_t wend = p;
+            for (chars = 0; wend < n && chars < 400000; chars++) {
+                int l;
+                toku_next(b + wend, e, &l);
+                wend += (size_t)l;
+            }
+            size_t start = win_start, cur = 0;
+            int is_sp = -1;
+            for (size_t q = win_start; q < wend;) {
+                int l;
+                int now = py_space(toku_next(b + q, e, &l));
+                if (is_sp < 0)
+                    is_sp = now;
+                if (is_sp != now) {
+                    cur = 1;
+                    is_sp = now;
+                } else if (++cur > 25000) {
+                    ok = ok && !tok_encode(t, s + start, q - start, TOK_SPECIAL_NONE, &parts, &err);
+                    start = q;
+                    cur = 1;
+                }
+                q += (size_t)l;
+            }
+            ok = ok && !tok_encode(t, s + start, wend - start, TOK_SPECIAL_NONE, &parts, &err);
+            if (wend == n)
+                break;
+            p = win_start = wend;
+        }
+        ok = ok && whole.n == parts.n && !memcmp(whole.v, parts.v, whole.n * sizeof *whole.v);
+        tok_ids_free(&whole);
+        tok_ids_free(&parts);
+        free(s);
+        CHECKF(ok, "text %d (%zu bytes): slicing differs from tokenization_kimi.py's", r, n);
+    }
+}

@@ -234,13 +234,16 @@ static int cuts_push(cuts *c, size_t pos)
 static const uint8_t PY_ASCII_SPACE[128] = {[9] = 1,  [10] = 1, [11] = 1, [12] = 1, [13] = 1,
                                             [28] = 1, [29] = 1, [30] = 1, [31] = 1, [32] = 1};
 
-/* Bit i of the result is set when byte i of w is a Python space (w must be all ASCII). */
+/* Bit i of the result is set when byte i of w is a Python space (w must be all ASCII): per byte,
+ * (x | 0x80) - c keeps its top bit exactly when x >= c, with no borrow into the next byte. */
 static inline unsigned ascii_space_mask(uint64_t w)
 {
-    unsigned m = 0;
-    for (int i = 0; i < 8; i++)
-        m |= (unsigned)PY_ASCII_SPACE[(w >> (8 * i)) & 0x7F] << i;
-    return m;
+    const uint64_t H = 0x8080808080808080ull, ONE = 0x0101010101010101ull;
+    uint64_t x = w | H;
+    uint64_t lt21 = ~(x - 0x21 * ONE) & H, ge09 = (x - 0x09 * ONE) & H, lt0e = ~(x - 0x0E * ONE) & H,
+             ge1c = (x - 0x1C * ONE) & H;
+    uint64_t sp = lt21 & ((ge09 & lt0e) | ge1c);
+    return (unsigned)(((sp >> 7) * 0x0102040810204080ull) >> 56);
 }
 
 static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
@@ -256,15 +259,12 @@ static int kimi_cuts(const uint8_t *s, size_t n, cuts *c)
         uint64_t w;
         if (p > 0 && p + 8 <= n && in_window + 8 < KIMI_WINDOW && run + 8 <= KIMI_RUN &&
             (memcpy(&w, s + p, 8), (w & 0x8080808080808080ull) == 0)) {
-            unsigned m = ascii_space_mask(w), same = run_space ? 0xFFu : 0u;
-            if (m == same) {
+            unsigned m = ascii_space_mask(w), last = (m >> 7) & 1, diff = m ^ (last ? 0xFFu : 0u);
+            if (!diff && (int)last == run_space) {
                 run += 8;
-            } else {
-                int last = (m >> 7) & 1, k = 1;
-                while (k < 8 && ((m >> (7 - k)) & 1) == (unsigned)last)
-                    k++;
-                run = (size_t)k;
-                run_space = last;
+            } else { /* the run now is the word's trailing bytes of the last byte's class */
+                run = diff ? (size_t)(7 - (31 - __builtin_clz(diff))) : 8;
+                run_space = (int)last;
             }
             in_window += 8;
             p += 8;
@@ -375,25 +375,28 @@ static void pjob_run(void *ctx, int begin, int end, int tid)
                 }
                 size_t pos = un->from, ps, pe;
                 int rc;
+                tok_pieces pv = {0}; /* local: units of two threads may share a cache line */
                 while ((rc = tok_pretok_next(&j->t->pt, d->s, pos, d->n, &sc, &ps, &pe)) > 0 && ps < un->to) {
-                    tok_pieces_push(&un->pv, ps, pe);
+                    tok_pieces_push(&pv, ps, pe);
                     pos = pe;
                 }
+                un->pv = pv;
                 if (rc < 0 || un->pv.bad)
                     j->rc[slot] = errbuf_set(&j->errs[slot], rc < 0 ? "pre-tokenizer: regex engine error (PCRE2)"
                                                                     : "out of memory splitting text");
             }
         } else {
-            tok_ids *o = &j->outs[slot];
+            tok_ids o = {0}; /* local: the slots' tok_ids share cache lines */
             for (size_t u = j->bounds[1][slot]; u < j->bounds[1][slot + 1] && !j->rc[slot]; u++) {
                 const unit *un = &j->units[u];
                 const pdoc *d = &j->docs[un->doc];
-                int bad = d->special >= 0 ? tok_ids_push(o, d->special) : 0;
+                int bad = d->special >= 0 ? tok_ids_push(&o, d->special) : 0;
                 for (size_t k = un->first; k < un->pv.n && !bad; k++)
-                    bad = tok_bpe_piece(j->t, d->s + un->pv.v[k].s, un->pv.v[k].e - un->pv.v[k].s, &sc, o);
+                    bad = tok_bpe_piece(j->t, d->s + un->pv.v[k].s, un->pv.v[k].e - un->pv.v[k].s, &sc, &o);
                 if (bad)
                     j->rc[slot] = errbuf_set(&j->errs[slot], "out of memory encoding text");
             }
+            j->outs[slot] = o;
         }
         tok_scratch_free(&sc);
     }
