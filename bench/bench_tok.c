@@ -2,6 +2,7 @@
  * 2 threads (and more with --threads), and decode MB/s (whole and streaming).
  *
  *   build/bench/bench_tok [--model DIR] [--mb N] [--reps N] [--threads N] [--dump DIR | --texts DIR]
+ * The default model is the Kimi K3 stand-in vocabulary as tests/testdata.sh unpacks it (make test does).
  *
  * Texts (all from this machine, none downloaded):
  *   prose  every file of /usr/share/common-licenses, concatenated and repeated to N MB
@@ -165,7 +166,7 @@ static double best_encode(const tok *t, const buf *b, pool *p, int reps, tok_ids
 
 int main(int argc, char **argv)
 {
-    const char *model = "tests/data/tokenizers/kimi-k3-standin", *dump = NULL, *texts_dir = NULL;
+    const char *model = "build/testdata/tokenizers/kimi-k3-standin", *dump = NULL, *texts_dir = NULL;
     long mb = 4, reps = 5, maxth = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)

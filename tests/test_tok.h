@@ -1,5 +1,6 @@
 /* test_tok.h — helpers shared by the tokenizer tests (tests/test_tok_*.c): tokenizers and JSON
- * files from tests/data/tokenizers loaded once per run, id comparison, random text. */
+ * files under test_data("tokenizers") (tests/data/tokenizers, archives unpacked by tests/testdata.sh)
+ * loaded once per run, id comparison, random text. */
 #ifndef DF_TESTS_TEST_TOK_H
 #define DF_TESTS_TEST_TOK_H
 
@@ -9,10 +10,10 @@
 
 #include "tokenizer/tok.h"
 
-/* The tokenizer of tests/data/tokenizers/<name>, loaded on first use and kept (NULL + a message
+/* The tokenizer of test_data("tokenizers/<name>"), loaded on first use and kept (NULL + a message
  * in *why if it cannot be loaded). */
 tok *tt_tok(const char *name, const char **why);
-/* tests/data/tokenizers/<rel> parsed, kept for the run. */
+/* test_data("tokenizers/<rel>") parsed, kept for the run. */
 const json_t *tt_json(const char *rel);
 /* 1 if ids equal the JSON array want; else 0 with a description of the first difference. */
 int tt_ids_eq(const tok_ids *got, const json_t *want, char *why, size_t cap);

@@ -1,6 +1,6 @@
 /* test_tok_oracle.c — the tokenizers against ids computed by the reference libraries:
  * tests/data/tokenizers/expected.json (the shared oracle: tiktoken, HF tokenizers, transformers'
- * Jinja templates, Moonshot's encoding_k3.py) and extra.json (gen_extra.py: 600 random
+ * Jinja templates, Moonshot's encoding_k3.py) and extra.tar.xz's extra.json (gen_extra.py: 600 random
  * multilingual texts per tokenizer, long inputs that exercise Kimi's 25,000-character run and
  * 400,000-character window slicing, and Qwen3 chats with tools). */
 #include <stdio.h>
@@ -138,8 +138,8 @@ TEST(tok_expected_chat)
 
 TEST(tok_extra_encode)
 {
-    const json_t *x = tt_json("extra.json");
-    CHECKF(x, "tests/data/tokenizers/extra.json missing or malformed");
+    const json_t *x = tt_json("extra/extra.json");
+    CHECKF(x, "tokenizers/extra/extra.json (from tests/data/tokenizers/extra.tar.xz) missing or malformed");
     char why[512];
     int n = 0;
     CHECKF(run_cases("kimi-k3-standin", json_object_get(x, "kimi"), TOK_SPECIAL_NONE, why, sizeof why, &n), "%s", why);
@@ -152,7 +152,7 @@ TEST(tok_extra_encode)
 
 TEST(tok_extra_qwen_chat)
 {
-    const json_t *x = tt_json("extra.json");
+    const json_t *x = tt_json("extra/extra.json");
     CHECK(x);
     char why[1024];
     CHECKF(run_chats("qwen3", json_object_get(x, "qwen3_chat"), why, sizeof why), "%s", why);
@@ -161,7 +161,7 @@ TEST(tok_extra_qwen_chat)
 /* Long inputs: built from {"parts": [[string, repeat], ...]}, checked by count and hash. */
 TEST(tok_extra_long)
 {
-    const json_t *x = tt_json("extra.json");
+    const json_t *x = tt_json("extra/extra.json");
     CHECK(x);
     static const char *names[][2] = {{"kimi", "kimi-k3-standin"}, {"cl100k", "cl100k"}, {"qwen3", "qwen3"}};
     size_t i;

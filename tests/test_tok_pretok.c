@@ -68,7 +68,7 @@ static int same(pair *p, const char *s, size_t n, char *why, size_t cap)
 TEST(tok_pretok_scanners_equal_pcre2)
 {
     static const int kinds[] = {PT_KIMI, PT_O200K, PT_CL100K, PT_QWEN};
-    const json_t *x = tt_json("extra.json"), *e = tt_json("expected.json");
+    const json_t *x = tt_json("extra/extra.json"), *e = tt_json("expected.json");
     CHECK(x && e);
     char why[512], *buf = malloc(4 * 400 + 1);
     CHECK(buf);

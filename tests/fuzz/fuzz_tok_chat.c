@@ -1,6 +1,6 @@
 /* fuzz_tok_chat.c — chat rendering of arbitrary JSON requests in the K3 and Qwen3 formats (thinking
  * on and off): an error or ids, never a crash; the K3 prompt always ends with its generation
- * prompt's <|sep|>. Run from the repository root (the vocabularies are in tests/data). */
+ * prompt's <|sep|>. The vocabularies come from $DF_TEST_DATA (default build/testdata). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +12,15 @@ static tok *k3, *qw;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     errbuf err;
-    if (!k3 && (tok_load(&k3, "tests/data/tokenizers/kimi-k3-standin", &err) ||
-                tok_load(&qw, "tests/data/tokenizers/qwen3", &err))) {
-        fprintf(stderr, "fuzz_tok_chat: %s (run from the repository root)\n", err.msg);
-        exit(1);
+    if (!k3) {
+        const char *root = getenv("DF_TEST_DATA"); /* tests/run.sh lays the data out there */
+        char a[4096], b[4096];
+        snprintf(a, sizeof a, "%s/tokenizers/kimi-k3-standin", root ? root : "build/testdata");
+        snprintf(b, sizeof b, "%s/tokenizers/qwen3", root ? root : "build/testdata");
+        if (tok_load(&k3, a, &err) || tok_load(&qw, b, &err)) {
+            fprintf(stderr, "fuzz_tok_chat: %s (run tests/testdata.sh, from the repository root)\n", err.msg);
+            exit(1);
+        }
     }
     json_error_t je;
     json_t *req = json_loadb((const char *)data, size, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);

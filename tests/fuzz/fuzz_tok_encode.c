@@ -1,5 +1,5 @@
-/* fuzz_tok_encode.c — encoding arbitrary bytes with the real vocabularies (tests/data/tokenizers;
- * run from the repository root). The first byte picks the tokenizer and the special-token mode.
+/* fuzz_tok_encode.c — encoding arbitrary bytes with the real vocabularies ($DF_TEST_DATA/tokenizers,
+ * default build/testdata: tests/testdata.sh unpacks tests/data there; run from the repository root). The first byte picks the tokenizer and the special-token mode.
  * Checked: the ids' bytes are the input (NFC of it for Qwen3), decoding gives valid UTF-8, and the
  * streaming detokenizer gives exactly the decoded text. The tokenizers are loaded once. */
 #include <stdint.h>
@@ -14,12 +14,14 @@ static tok *toks[3];
 
 static void load(void)
 {
-    static const char *dirs[] = {"tests/data/tokenizers/kimi-k3-standin", "tests/data/tokenizers/qwen3",
-                                 "tests/data/tokenizers/cl100k"};
+    static const char *names[] = {"kimi-k3-standin", "qwen3", "cl100k"};
+    const char *root = getenv("DF_TEST_DATA"); /* tests/run.sh lays the data out there */
     for (int i = 0; i < 3; i++) {
         errbuf err;
-        if (!toks[i] && tok_load(&toks[i], dirs[i], &err)) {
-            fprintf(stderr, "fuzz_tok_encode: %s (run from the repository root)\n", err.msg);
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tokenizers/%s", root ? root : "build/testdata", names[i]);
+        if (!toks[i] && tok_load(&toks[i], dir, &err)) {
+            fprintf(stderr, "fuzz_tok_encode: %s (run tests/testdata.sh, from the repository root)\n", err.msg);
             exit(1);
         }
     }

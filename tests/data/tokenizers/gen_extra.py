@@ -2,7 +2,9 @@
 """gen_extra.py — more reference data for the tokenizer tests, made with the reference libraries.
 
 Runs where tiktoken, tokenizers and transformers are installed (the GPU machine):
-    python3 tests/data/tokenizers/gen_extra.py tests/data/tokenizers OUTDIR
+    python3 tests/data/tokenizers/gen_extra.py build/testdata/tokenizers OUTDIR
+(TOKDIR holds the unpacked vocabulary folders: tests/testdata.sh unpacks tests/data/tokenizers/*.tar.xz;
+the result was packed as tests/data/tokenizers/extra.tar.xz.)
 Writes OUTDIR/extra.json (random multilingual texts and their ids from tiktoken with Kimi's
 pre-tokenizer over the kimi-k3-standin ranks, tiktoken cl100k, HF tokenizers qwen3; long
 inputs as a recipe + an FNV-1a hash of the ids; extra Qwen3 chats rendered by transformers) and
