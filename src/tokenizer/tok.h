@@ -37,8 +37,8 @@
 
 typedef struct tok tok;
 
-/* A growable list of ids; zero-initialize, reuse across calls (n is reset by nothing: callers
- * set ids.n = 0 to reuse), free with tok_ids_free. Encoders append. */
+/* A growable list of ids: zero-initialize, free with tok_ids_free. Encoders append to it, so to
+ * reuse one for a new text set ids.n = 0 first (the capacity is kept). */
 typedef struct tok_ids {
     int32_t *v;
     size_t n, cap;

@@ -148,7 +148,8 @@ static int content(tok_segs *o, const json_t *c, errbuf *err, size_t mi)
 static void internal_system(tok_segs *o, const char *type, const char *body)
 {
     attr a[2] = {{"role", NULL, "system"}, {"type", NULL, type}};
-    open_tag(o, "message", a, 2, NULL);
+    errbuf unused; /* literal attribute values cannot fail */
+    open_tag(o, "message", a, 2, &unused);
     txts(o, body);
     close_tag(o, "message");
     ctl(o, EOM);
@@ -166,7 +167,8 @@ static int tool_declare(tok_segs *o, const json_t *tools, int dynamic)
     int rc = tok_json_dump(tools, 1, 1, &body, 0);
     tok_segs_str(&body, "\n```", 0);
     attr a[2] = {{"role", NULL, "system"}, {"type", NULL, "tool-declare"}};
-    open_tag(o, "message", a, 2, NULL);
+    errbuf unused; /* literal attribute values cannot fail */
+    open_tag(o, "message", a, 2, &unused);
     txt(o, body.text, body.len);
     close_tag(o, "message");
     ctl(o, EOM);
