@@ -82,7 +82,7 @@ tsan:
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz OPT=-O1 SAN="-fsanitize=fuzzer-no-link,address,undefined" $(LIB_OBJ:$(BUILD)/%=build-fuzz/%)
 	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
-	  echo "clang $$n"; clang $(BASEFLAGS) -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f $(LIB_SRC:%.c=build-fuzz/%.o) $(LDLIBS) || exit 1; done
+	  echo "clang $$n"; clang $(filter-out -Wno-format-truncation,$(BASEFLAGS)) -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f $(LIB_SRC:%.c=build-fuzz/%.o) $(LDLIBS) || exit 1; done
 
 bench: $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB_OBJ)
