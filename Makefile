@@ -42,7 +42,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 all: deltafin
 
 deltafin: $(BUILD)/deltafin
-	cp $< $@
+	cp $< $@.tmp && mv -f $@.tmp $@
 
 $(BUILD)/deltafin: $(LIB_OBJ) $(CLI_OBJ)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)

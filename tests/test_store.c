@@ -86,8 +86,9 @@ static int prepare(const char *src, const char *dst, int ndrives, int mirrors, e
         mkdir(buf[i], 0755);
         drives[i] = buf[i];
     }
-    dfsp_prepare_opts o = {drives, ndrives, mirrors, 1};
-    return dfsp_prepare(src, dst, &o, err);
+    dfsp_prepare_opts o = {drives, ndrives, mirrors};
+    dfsp_prepare_stats st;
+    return dfsp_prepare(src, dst, &o, &st, err);
 }
 
 static void compare_all(const char *src)
@@ -281,7 +282,7 @@ TEST(store_cli_options)
     snprintf(cmd, sizeof cmd, "%s run --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
     CHECK(tu_run(cmd, resident, sizeof resident) == 0);
     snprintf(cmd, sizeof cmd,
-             "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 4M --emulate-drives "
+             "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 10M --emulate-drives "
              "500:100,300:200 --prefetch off --io pread --stats",
              tu_bin(), dst);
     CHECK(tu_run(cmd, streamed, sizeof streamed) == 0);
@@ -291,7 +292,7 @@ TEST(store_cli_options)
     CHECKF(strcmp(resident, streamed) == 0, "%s vs %s", resident, streamed);
     snprintf(cmd, sizeof cmd, "%s run --tokens 5 --max-new 2 --ram-budget lots", tu_bin());
     CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--ram-budget"), "%s", out);
-    snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 4M --emulate-drives 5x", tu_bin(),
+    snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 10M --emulate-drives 5x", tu_bin(),
              dst);
     CHECKF(tu_run(cmd, out, sizeof out) == 1 && strstr(out, "--emulate-drives"), "%s", out);
 }

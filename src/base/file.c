@@ -121,6 +121,40 @@ int file_write_atomic(const char *path, const void *data, size_t len, errbuf *er
     return 0;
 }
 
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = EIO;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+int file_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+    size_t put = 0;
+    while (put < len) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, len - put, (off_t)(off + put));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = EIO;
+            return -1;
+        }
+        put += (size_t)r;
+    }
+    return 0;
+}
+
 int file_exists(const char *path)
 {
     struct stat st;

@@ -21,6 +21,10 @@ void file_map_close(file_map *m);
 /* Reads the whole file into a malloc'd, NUL-terminated buffer. */
 int file_read_all(const char *path, char **out, size_t *len, errbuf *err);
 int file_write_atomic(const char *path, const void *data, size_t len, errbuf *err);
+/* Positional read / write of exactly len bytes (retrying short transfers and EINTR); -1 with
+ * errno set on failure or end of file. */
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int file_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 int file_exists(const char *path);
 int file_is_dir(const char *path);
 

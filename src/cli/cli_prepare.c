@@ -49,9 +49,22 @@ int cmd_prepare(int argc, char **argv)
             list[n++] = t;
         }
     }
-    dfsp_prepare_opts o = {list, n, (int)mirrors, 0};
+    dfsp_prepare_opts o = {list, n, (int)mirrors};
+    dfsp_prepare_stats st;
     errbuf err;
-    if (dfsp_prepare(model_dir, out, &o, &err) != 0)
+    int rc = dfsp_prepare(model_dir, out, &o, &st, &err);
+    if (rc == DFSP_STOPPED) { /* the test aid: the exit status a crash would have had */
+        fprintf(stderr, "deltafin %s: %s\n", cmd, err.msg);
+        return 3;
+    }
+    if (rc != 0)
         return cli_fail(cmd, &err);
+    if (st.already)
+        printf("prepare: %s already holds this model (%d blobs)\n", out, st.blobs);
+    else
+        printf("prepare: %d blobs (%d verified from an earlier run), %.2f GB written in %.1f s (%.2f GB/s) over %d "
+               "drive(s), %d mirror(s)\n",
+               st.blobs, st.resumed, (double)st.bytes / 1e9, st.seconds,
+               st.seconds > 0 ? (double)st.bytes / 1e9 / st.seconds : 0.0, n > 0 ? n : 1, (int)mirrors);
     return 0;
 }

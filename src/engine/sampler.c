@@ -17,9 +17,11 @@ void sampler_cfg_default(sampler_cfg *c)
 int sampler_init(sampler *s, const sampler_cfg *cfg, int vocab, errbuf *err)
 {
     memset(s, 0, sizeof *s);
-    if (!(cfg->temperature >= 0.0f) || !(cfg->top_p > 0.0f && cfg->top_p <= 1.0f) ||
+    if (!(cfg->temperature >= 0.0f) || (cfg->temperature > 0.0f && !isfinite(1.0f / cfg->temperature)) ||
+        !(cfg->top_p > 0.0f && cfg->top_p <= 1.0f) ||
         !(cfg->min_p >= 0.0f && cfg->min_p <= 1.0f) || cfg->top_k < 0)
-        return errbuf_set(err, "sampling: need temperature >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, top-k >= 0");
+        return errbuf_set(err, "sampling: need temperature 0 or one with a finite reciprocal, 0 < top-p <= 1, "
+                                "0 <= min-p <= 1, top-k >= 0");
     s->cfg = *cfg;
     s->vocab = vocab;
     rng_seed(&s->r, cfg->seed);
@@ -46,24 +48,55 @@ int32_t sampler_argmax(const float *v, int n)
     return best;
 }
 
-static int by_prob(const void *a, const void *b)
+/* candidate order: higher probability first, lower id on ties */
+static int before(const struct sampler_cand *x, const struct sampler_cand *y)
 {
-    const struct sampler_cand *x = a, *y = b;
-    if (x->p != y->p)
-        return x->p > y->p ? -1 : 1;
-    return x->id - y->id;
+    return x->p > y->p || (x->p == y->p && x->id < y->id);
+}
+
+static void sift(struct sampler_cand *c, int n, int i)
+{
+    for (;;) { /* a heap whose root is the candidate that sorts last */
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && before(&c[m], &c[l]))
+            m = l;
+        if (r < n && before(&c[m], &c[r]))
+            m = r;
+        if (m == i)
+            return;
+        struct sampler_cand t = c[i];
+        c[i] = c[m];
+        c[m] = t;
+        i = m;
+    }
+}
+
+/* In-place heapsort into candidate order (no allocation, unlike qsort in glibc). */
+static void sort_cands(struct sampler_cand *c, int n)
+{
+    for (int i = n / 2 - 1; i >= 0; i--)
+        sift(c, n, i);
+    for (int e = n - 1; e > 0; e--) {
+        struct sampler_cand t = c[0];
+        c[0] = c[e];
+        c[e] = t;
+        sift(c, e, 0);
+    }
 }
 
 int32_t sampler_pick(sampler *s, const float *logits)
 {
     int V = s->vocab;
+    int32_t best = sampler_argmax(logits, V);
     if (s->cfg.temperature == 0.0f)
-        return sampler_argmax(logits, V);
-    float mx = logits[sampler_argmax(logits, V)], inv = 1.0f / s->cfg.temperature;
+        return best;
+    float mx = logits[best], inv = 1.0f / s->cfg.temperature;
     double sum = 0.0;
     for (int i = 0; i < V; i++)
         sum += expf((logits[i] - mx) * inv);
-    /* candidates: tokens with non-zero mass at or above the min-p floor, by probability */
+    if (!isfinite(mx) || !(sum >= 1.0) || !isfinite(sum))
+        return best; /* degenerate logits: nothing to sample from but the argmax */
+    /* candidates: tokens with non-zero mass at or above the min-p floor */
     int n = 0;
     float floor_p = s->cfg.min_p * (float)(1.0 / sum); /* the top token has probability 1/sum */
     for (int i = 0; i < V; i++) {
@@ -74,16 +107,30 @@ int32_t sampler_pick(sampler *s, const float *logits)
             n++;
         }
     }
-    qsort(s->cand, (size_t)n, sizeof *s->cand, by_prob);
-    if (s->cfg.top_k > 0 && n > s->cfg.top_k)
-        n = s->cfg.top_k;
-    if (s->cfg.top_p < 1.0f) {
-        double c = 0.0;
-        for (int i = 0; i < n; i++) {
-            c += s->cand[i].p;
-            if (c >= s->cfg.top_p) {
-                n = i + 1;
-                break;
+    if (n == 0)
+        return best;
+    int filtered = (s->cfg.top_k > 0 && n > s->cfg.top_k) || s->cfg.top_p < 1.0f;
+    if (filtered) {
+        if (s->cfg.top_k > 0 && n > s->cfg.top_k) { /* keep the top-k with a heap of k, then sort them */
+            int k = s->cfg.top_k;
+            for (int i = k / 2 - 1; i >= 0; i--)
+                sift(s->cand, k, i);
+            for (int i = k; i < n; i++)
+                if (before(&s->cand[i], &s->cand[0])) {
+                    s->cand[0] = s->cand[i];
+                    sift(s->cand, k, 0);
+                }
+            n = k;
+        }
+        sort_cands(s->cand, n);
+        if (s->cfg.top_p < 1.0f) {
+            double c = 0.0;
+            for (int i = 0; i < n; i++) {
+                c += s->cand[i].p;
+                if (c >= s->cfg.top_p) {
+                    n = i + 1;
+                    break;
+                }
             }
         }
     }
@@ -96,5 +143,5 @@ int32_t sampler_pick(sampler *s, const float *logits)
         if (u < c)
             return s->cand[i].id;
     }
-    return s->cand[n > 0 ? n - 1 : 0].id;
+    return s->cand[n - 1].id;
 }

@@ -3,7 +3,9 @@
  * temperature 0 is greedy: the argmax, lowest id on ties (exact and reproducible). Otherwise
  * the logits are divided by the temperature, softmaxed, filtered by top-k, top-p (nucleus) and
  * min-p (relative to the most likely token), renormalised, and sampled with a seeded
- * xoshiro256** generator: the same seed gives the same tokens on every machine.
+ * xoshiro256** generator: the same seed gives the same tokens on every machine. Without filters
+ * nothing is sorted; with them, a heap keeps top-k and an in-place heapsort orders the rest.
+ * Degenerate logits (NaN, infinite) fall back to the argmax.
  * Buffers are reserved at init; sampler_pick allocates nothing.
  */
 #ifndef DF_ENGINE_SAMPLER_H

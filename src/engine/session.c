@@ -212,7 +212,7 @@ static void mix_rows(const blk *b, float *const *stack, int ns, const float *pre
                      float *out)
 {
     int H = b->hp->hidden;
-    const float *src[64];
+    const float *src[MODEL_MAX_BLOCKS + 1]; /* blocks + the current stream (cfg_validate bounds them) */
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < ns; j++)
             src[j] = stack[j] + (size_t)t * H;
@@ -249,7 +249,7 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
         s->k->decode_rows(&m->embed, tokens[t], tokens[t] + 1, h + (size_t)t * H);
     if (hp->attnres_block > 0) {
         int ns = 0, B = hp->attnres_block;
-        float *stack[64];
+        float *stack[MODEL_MAX_BLOCKS];
         float *prefix = h; /* running block sum; starts as the embedding */
         float *mixed = blk_alloc(&b, TH), *stack_mem = blk_alloc(&b, TH * (size_t)n_stack_max(hp));
         if (!mixed || !stack_mem)

@@ -103,11 +103,9 @@ void blk_rope_apply(const hparams *hp, float *v, const float *cs)
     }
 }
 
-enum { ATTNRES_MAX_SRC = 64 };
-
 void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out)
 {
-    float s[ATTNRES_MAX_SRC], mx = -INFINITY, sum = 0.0f;
+    float s[MODEL_MAX_BLOCKS + 1], mx = -INFINITY, sum = 0.0f; /* n <= MAX_BLOCKS + 1 (cfg_validate) */
     for (int j = 0; j < n; j++) {
         float ss = b->k->dot(src[j], src[j], H);
         float r = 1.0f / sqrtf(ss / (float)H + b->hp->rms_eps);

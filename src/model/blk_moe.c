@@ -54,8 +54,8 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
     for (int e = 0; e < E; e++)
         choice[e] = score[e] + (w->bias ? w->bias[e] : 0.0f);
     if (hp->n_group > 1) { /* keep the topk_group groups with the best top-2 sums */
-        int G = hp->n_group, per = E / G, gsel[64], top2[2];
-        float gscore[64];
+        int G = hp->n_group, per = E / G, gsel[MODEL_MAX_GROUPS], top2[2];
+        float gscore[MODEL_MAX_GROUPS]; /* G <= MAX_GROUPS (cfg_validate) */
         for (int g = 0; g < G; g++) {
             topk(choice + g * per, per, 2, top2);
             gscore[g] = choice[g * per + top2[0]] + choice[g * per + top2[1]];

@@ -211,6 +211,12 @@ int cfg_rope(const json_t *c, const char *where, hparams *hp, double *mscale2, e
     return 0;
 }
 
+/* Every width the engine multiplies out stays far below INT_MAX: it indexes with int and
+ * sizes with size_t, and a checkpoint this large does not exist. */
+enum { MAX_WIDTH = 1 << 26 };
+
+static int width_ok(long long v) { return v >= 0 && v <= MAX_WIDTH; }
+
 int cfg_validate(const hparams *hp, const char *where, errbuf *err)
 {
     if (hp->n_layers <= 0 || hp->n_layers > MODEL_MAX_LAYERS)
@@ -219,17 +225,53 @@ int cfg_validate(const hparams *hp, const char *where, errbuf *err)
         return errbuf_set(err, "%s: hidden_size and vocab_size must be positive", where);
     if (!(hp->rms_eps > 0.0f))
         return errbuf_set(err, "%s: rms_norm_eps must be positive", where);
-    for (int i = 0; i < hp->n_layers; i++)
-        if (hp->ffn_kind[i] == FFN_MOE) {
-            if (hp->n_experts <= 0 || hp->top_k <= 0 || hp->top_k > hp->n_experts)
-                return errbuf_set(err, "%s: layer %d is MoE but experts %d / top-k %d are not valid", where, i,
-                                  hp->n_experts, hp->top_k);
-            if (hp->n_group < 1 || hp->n_experts % hp->n_group || hp->topk_group < 1 || hp->topk_group > hp->n_group)
-                return errbuf_set(err, "%s: expert groups %d / topk_group %d do not divide %d experts", where,
-                                  hp->n_group, hp->topk_group, hp->n_experts);
-            if (hp->n_group > 1 && hp->n_experts / hp->n_group < 2)
-                return errbuf_set(err, "%s: grouped routing needs at least 2 experts per group", where);
-            break;
-        }
+    int has_kda = 0, has_mla = 0, has_gqa = 0, has_moe = 0, has_dense = 0;
+    for (int i = 0; i < hp->n_layers; i++) {
+        has_kda |= hp->attn_kind[i] == ATTN_KDA;
+        has_mla |= hp->attn_kind[i] == ATTN_MLA;
+        has_gqa |= hp->attn_kind[i] == ATTN_GQA;
+        has_moe |= hp->ffn_kind[i] == FFN_MOE;
+        has_dense |= hp->ffn_kind[i] == FFN_DENSE;
+    }
+    long long H = hp->hidden;
+    if (!width_ok(H) || !width_ok((long long)hp->vocab) || !width_ok(hp->vocab * H / 64))
+        return errbuf_set(err, "%s: hidden_size %d x vocab_size %d is out of range", where, hp->hidden, hp->vocab);
+    if (has_kda && (hp->kda_heads <= 0 || hp->kda_dim <= 0 || !width_ok((long long)hp->kda_heads * hp->kda_dim)))
+        return errbuf_set(err, "%s: KDA heads %d x head_dim %d out of range", where, hp->kda_heads, hp->kda_dim);
+    if (has_mla) {
+        long long qd = (long long)hp->qk_nope + hp->qk_rope;
+        if (hp->qk_rope < 0 || hp->qk_rope % 2 || hp->qk_nope <= 0 || hp->v_head <= 0 || hp->kv_lora_rank <= 0 ||
+            hp->q_lora_rank < 0 || !width_ok(hp->n_heads * qd) || !width_ok((long long)hp->n_heads * hp->v_head) ||
+            !width_ok((long long)hp->n_heads * (hp->qk_nope + hp->v_head)) || !width_ok(hp->kv_lora_rank + qd))
+            return errbuf_set(err, "%s: MLA sizes (heads %d, nope %d, rope %d, v %d, kv_lora %d, q_lora %d) out of range",
+                              where, hp->n_heads, hp->qk_nope, hp->qk_rope, hp->v_head, hp->kv_lora_rank,
+                              hp->q_lora_rank);
+    }
+    if (has_gqa && (!width_ok((long long)hp->n_heads * hp->head_dim) || hp->head_dim % 2))
+        return errbuf_set(err, "%s: %d heads x head_dim %d out of range", where, hp->n_heads, hp->head_dim);
+    if (has_dense && !width_ok((long long)hp->dense_inter))
+        return errbuf_set(err, "%s: intermediate_size %d out of range", where, hp->dense_inter);
+    if (hp->attnres_block > 0 && (hp->n_layers + hp->attnres_block - 1) / hp->attnres_block > MODEL_MAX_BLOCKS)
+        return errbuf_set(err, "%s: %d layers in AttnRes blocks of %d make more than %d blocks", where, hp->n_layers,
+                          hp->attnres_block, MODEL_MAX_BLOCKS);
+    if (hp->attnres_block < 0)
+        return errbuf_set(err, "%s: attn_res_block_size must not be negative", where);
+    if (has_moe) {
+        if (hp->n_experts <= 0 || hp->top_k <= 0 || hp->top_k > hp->n_experts || !width_ok((long long)hp->n_experts))
+            return errbuf_set(err, "%s: MoE experts %d / top-k %d are not valid", where, hp->n_experts, hp->top_k);
+        if (hp->n_group < 1 || hp->n_group > MODEL_MAX_GROUPS || hp->n_experts % hp->n_group || hp->topk_group < 1 ||
+            hp->topk_group > hp->n_group)
+            return errbuf_set(err, "%s: expert groups %d / topk_group %d do not divide %d experts (at most %d groups)",
+                              where, hp->n_group, hp->topk_group, hp->n_experts, MODEL_MAX_GROUPS);
+        if (hp->n_group > 1 && hp->n_experts / hp->n_group < 2)
+            return errbuf_set(err, "%s: grouped routing needs at least 2 experts per group", where);
+        if (hp->top_k > hp->topk_group * (hp->n_experts / hp->n_group))
+            return errbuf_set(err, "%s: top-k %d exceeds the %d experts the %d kept groups hold", where, hp->top_k,
+                              hp->topk_group * (hp->n_experts / hp->n_group), hp->topk_group);
+        if (hp->moe_inter <= 0 || !width_ok((long long)hp->moe_inter) || hp->n_shared < 0 ||
+            !width_ok((long long)hp->n_shared * hp->moe_inter) || hp->latent < 0 || !width_ok((long long)hp->latent))
+            return errbuf_set(err, "%s: MoE widths (expert %d, shared %d x %d, latent %d) out of range", where,
+                              hp->moe_inter, hp->n_shared, hp->moe_inter, hp->latent);
+    }
     return 0;
 }

@@ -27,7 +27,7 @@ int cfg_rope(const json_t *c, const char *where, hparams *hp, double *mscale2, e
 /* Checks common invariants after a family filled hp (sizes positive, layers within limits). */
 int cfg_validate(const hparams *hp, const char *where, errbuf *err);
 
-/* Binders shared by the family adapters (fam_kimi.c). p is the tensor-name prefix. */
+/* Binders shared by the family adapters (fam_common.c). p is the tensor-name prefix. */
 int fam_bind_mla(model *m, const char *p, mla_w *w, errbuf *err);
 int fam_bind_mlp(model *m, mlp_w *w, int inter, int width, errbuf *err, const char *p, const char *gate,
                  const char *up, const char *down);

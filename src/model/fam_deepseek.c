@@ -92,7 +92,6 @@ static int deepseek_bind(model *m, const char *prefix, errbuf *err)
         if (model_has(m, "%sgate.e_score_correction_bias", q)) {
             if (model_vec(m, &moe->bias, hp->n_experts, 0, err, "%sgate.e_score_correction_bias", q))
                 return -1;
-            hp->has_router_bias = 1;
         }
         if (fam_bind_experts(m, q, moe, H, err))
             return -1;

@@ -224,7 +224,6 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
         if (model_has(m, "%sgate.e_score_correction_bias", fp)) {
             if (model_vec(m, &moe->bias, hp->n_experts, 0, err, "%sgate.e_score_correction_bias", fp))
                 return -1;
-            hp->has_router_bias = 1;
         }
         if (hp->latent &&
             (model_mat(m, &moe->lat_down, hp->latent, H, err, "%srouted_expert_down_proj", fp) ||

@@ -20,7 +20,8 @@
 #include "kernels/dtype.h"
 #include "model/safetensors.h"
 
-enum { MODEL_MAX_LAYERS = 512, MODEL_MAX_ROPE = 256, MODEL_MAX_EOS = 8 };
+/* MAX_BLOCKS: AttnRes mixes at most MAX_BLOCKS + 1 sources; MAX_GROUPS: grouped routing */
+enum { MODEL_MAX_LAYERS = 512, MODEL_MAX_ROPE = 256, MODEL_MAX_EOS = 8, MODEL_MAX_BLOCKS = 62, MODEL_MAX_GROUPS = 64 };
 
 typedef enum { ATTN_KDA, ATTN_MLA, ATTN_GQA } attn_kind;
 typedef enum { FFN_DENSE, FFN_MOE } ffn_kind;
@@ -64,7 +65,6 @@ typedef struct hparams {
     int n_group, topk_group, norm_topk;
     float routed_scale;
     int router;             /* router_kind */
-    int has_router_bias;    /* e_score_correction_bias (selection only) */
     int latent;             /* latent MoE width (K3), 0 = experts work on the hidden width */
     int latent_norm;
 
@@ -147,8 +147,8 @@ int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err);
 int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err);
 void model_free(model *m);
 
-/* Helpers for family adapters (model_bind.c). Names are full tensor names without the
- * ".weight" suffix for matrices. */
+/* Helpers for family adapters (model.c). Names are full tensor names without the ".weight"
+ * suffix for matrices. */
 int model_mat(model *m, kmat *out, int rows, int cols, errbuf *err, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 int model_mat_opt(model *m, kmat *out, int rows, int cols, errbuf *err, const char *fmt, ...)

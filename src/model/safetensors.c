@@ -35,7 +35,7 @@ uint64_t st_numel(const st_tensor *t)
     return n;
 }
 
-static int parse_dtype(const char *s)
+int st_dtype_parse(const char *s)
 {
     for (int i = 0; i < ST_DTYPE_COUNT; i++)
         if (strcmp(s, dtypes[i].name) == 0)
@@ -58,7 +58,7 @@ static int parse_entry(const char *path, const char *key, json_t *v, uint64_t da
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd))
         return errbuf_set(err, "%s: tensor '%s': missing or non-string dtype", path, key);
-    t->dtype = parse_dtype(json_string_value(jd));
+    t->dtype = st_dtype_parse(json_string_value(jd));
     if (t->dtype < 0)
         return errbuf_set(err, "%s: tensor '%s': unknown dtype '%s'", path, key, json_string_value(jd));
     if (!json_is_array(js))

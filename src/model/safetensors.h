@@ -64,6 +64,7 @@ typedef struct st_set {
 } st_set;
 
 const char *st_dtype_name(int dtype);
+int st_dtype_parse(const char *name); /* -1 if unknown */
 int st_dtype_size(int dtype);
 
 /* Parses and checks one file's header from memory (buf = the whole file). Appends tensors to

@@ -21,6 +21,9 @@ enum { STORE_MAX_COPIES = 8, BLOB_ALIGN = 4096 };
 
 typedef enum { BLOB_GLOBAL, BLOB_SPINE, BLOB_EXPERT } blob_kind;
 
+/* A blob image's size rounded up to whole 4 KiB blocks (how it is stored and read). */
+static inline uint64_t blob_padded(uint64_t n) { return (n + BLOB_ALIGN - 1) & ~(uint64_t)(BLOB_ALIGN - 1); }
+
 typedef struct blob_part {
     int tensor;         /* index into the model's st_set */
     uint64_t off;       /* offset of the tensor's bytes inside the blob image */

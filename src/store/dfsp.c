@@ -1,9 +1,9 @@
-/* dfsp.c — see dfsp.h. */
+/* dfsp.c — see dfsp.h: the manifest (parse, write), prepare, open. */
 #include "store/dfsp.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +18,6 @@
 #include "base/timer.h"
 
 static const char *kind_name[3] = {"global", "spine", "expert"};
-
-static uint64_t pad4k(uint64_t n) { return (n + BLOB_ALIGN - 1) & ~(uint64_t)(BLOB_ALIGN - 1); }
 
 int dfsp_is_store(const char *dir)
 {
@@ -56,17 +54,196 @@ int dfsp_identity(const char *hf_dir, const st_set *st, char out[65], errbuf *er
     return 0;
 }
 
+/* ---- the manifest ---- */
+
+static int kind_of(const char *s)
+{
+    for (int k = 0; s && k < 3; k++)
+        if (strcmp(s, kind_name[k]) == 0)
+            return k;
+    return -1;
+}
+
+static int is_hex(const char *s, size_t n)
+{
+    if (!s || strlen(s) != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* a non-negative JSON integer at most max, else -1 */
+static int64_t uint_at(const json_t *v, int64_t max)
+{
+    if (!json_is_integer(v))
+        return -1;
+    json_int_t x = json_integer_value(v);
+    return x < 0 || x > max ? -1 : (int64_t)x;
+}
+
+enum { MAX_SIZE_BITS = 50 }; /* a blob or pack above 1 PB is not a checkpoint */
+
+static int parse_tensor(const json_t *e, const char *where, size_t b, size_t i, uint64_t size, dfsp_tensor *t,
+                        errbuf *err)
+{
+    const json_t *shape = json_array_get(e, 2);
+    const char *name = json_string_value(json_array_get(e, 0)), *dt = json_string_value(json_array_get(e, 1));
+    int64_t off = uint_at(json_array_get(e, 3), (int64_t)1 << MAX_SIZE_BITS);
+    if (!json_is_array(e) || json_array_size(e) != 4 || !name || !dt || (t->dtype = st_dtype_parse(dt)) < 0 ||
+        !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS || off < 0)
+        return errbuf_set(err, "%s: blob %zu tensor %zu must be [name, dtype, shape, offset]", where, b, i);
+    t->ndim = (int)json_array_size(shape);
+    uint64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t dim = uint_at(json_array_get(shape, (size_t)d), (int64_t)1 << 40);
+        if (dim < 0 || (dim && numel > (UINT64_MAX >> 4) / (uint64_t)dim))
+            return errbuf_set(err, "%s: tensor '%s' has a bad shape", where, name);
+        t->shape[d] = dim;
+        numel *= (uint64_t)dim;
+    }
+    t->len = numel * (uint64_t)st_dtype_size(t->dtype);
+    t->off = (uint64_t)off;
+    if (t->off + t->len > size)
+        return errbuf_set(err, "%s: tensor '%s' ends past its blob (%llu > %llu bytes)", where, name,
+                          (unsigned long long)(t->off + t->len), (unsigned long long)size);
+    if (!(t->name = strdup(name)))
+        return errbuf_set(err, "%s: out of memory", where);
+    return 0;
+}
+
+static int parse_blob(const json_t *jb, const char *where, size_t b, dfsp_manifest *m, dfsp_blob *x, errbuf *err)
+{
+    const json_t *copies = json_object_get(jb, "copies"), *ts = json_object_get(jb, "tensors");
+    const char *h = json_string_value(json_object_get(jb, "xxh3"));
+    int64_t size = uint_at(json_object_get(jb, "size"), (int64_t)1 << MAX_SIZE_BITS);
+    x->kind = kind_of(json_string_value(json_object_get(jb, "kind")));
+    x->layer = json_is_integer(json_object_get(jb, "layer")) ? (int)json_integer_value(json_object_get(jb, "layer")) : -2;
+    x->expert =
+        json_is_integer(json_object_get(jb, "expert")) ? (int)json_integer_value(json_object_get(jb, "expert")) : -2;
+    if (x->kind < 0 || x->layer < -1 || x->layer >= MODEL_MAX_LAYERS || x->expert < -1 || x->expert >= (1 << 24) ||
+        size < 0 || !is_hex(h, 16) || !json_is_array(copies) || json_array_size(copies) < 1 ||
+        json_array_size(copies) > STORE_MAX_COPIES || !json_is_array(ts))
+        return errbuf_set(err, "%s: blob %zu needs kind, layer, expert, size, xxh3, copies (1..%d) and tensors",
+                          where, b, STORE_MAX_COPIES);
+    x->size = (uint64_t)size;
+    x->xxh3 = strtoull(h, NULL, 16);
+    x->ncopies = (int)json_array_size(copies);
+    for (int k = 0; k < x->ncopies; k++) {
+        const json_t *c = json_array_get(copies, (size_t)k);
+        int64_t pack = uint_at(json_array_get(c, 0), m->npacks - 1), off = uint_at(json_array_get(c, 1), INT64_MAX);
+        if (!json_is_array(c) || pack < 0 || off < 0 || off % BLOB_ALIGN ||
+            (uint64_t)off > m->pack_size[pack] || blob_padded(x->size) > m->pack_size[pack] - (uint64_t)off)
+            return errbuf_set(err, "%s: blob %zu copy %d is not a 4 KiB-aligned range inside a pack", where, b, k);
+        x->copy[k].file = (int)pack;
+        x->copy[k].off = (uint64_t)off;
+    }
+    x->first_tensor = m->nt;
+    x->ntensors = (int)json_array_size(ts);
+    for (size_t i = 0; i < json_array_size(ts); i++) {
+        if (parse_tensor(json_array_get(ts, i), where, b, i, x->size, &m->t[m->nt], err) != 0)
+            return -1;
+        m->nt++;
+    }
+    return 0;
+}
+
+int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *m, errbuf *err)
+{
+    memset(m, 0, sizeof *m);
+    const json_t *packs = json_object_get(man, "packs"), *blobs = json_object_get(man, "blobs");
+    const char *fmt = json_string_value(json_object_get(man, "format"));
+    const char *id = json_string_value(json_object_get(man, "identity"));
+    int64_t ver = uint_at(json_object_get(man, "version"), 1000);
+    int64_t drives = uint_at(json_object_get(man, "drives"), IO_MAX_DRIVES);
+    int64_t mirrors = uint_at(json_object_get(man, "mirrors"), STORE_MAX_COPIES);
+    if (!fmt || strcmp(fmt, "dfsp") != 0 || ver != 1)
+        return errbuf_set(err, "%s: not a DFSP version 1 manifest", where);
+    if (!is_hex(id, 64) || drives < 1 || mirrors < 1 || mirrors > drives || !json_is_array(packs) ||
+        json_array_size(packs) < 1 || json_array_size(packs) > STORE_MAX_PACKS || !json_is_array(blobs))
+        return errbuf_set(err, "%s: needs identity (sha256 hex), drives (1..%d), mirrors (1..drives), packs (1..%d) "
+                               "and blobs",
+                          where, IO_MAX_DRIVES, STORE_MAX_PACKS);
+    memcpy(m->identity, id, 65);
+    m->ndrives = (int)drives;
+    m->mirrors = (int)mirrors;
+    m->npacks = (int)json_array_size(packs);
+    for (int i = 0; i < m->npacks; i++) {
+        const json_t *pk = json_array_get(packs, (size_t)i);
+        const char *pp = json_string_value(json_object_get(pk, "path"));
+        int64_t d = uint_at(json_object_get(pk, "drive"), m->ndrives - 1);
+        int64_t size = uint_at(json_object_get(pk, "size"), (int64_t)1 << MAX_SIZE_BITS);
+        if (!pp || !pp[0] || strlen(pp) >= sizeof m->pack_path[i] || d < 0 || size < 0)
+            return errbuf_set(err, "%s: pack %d needs path, drive (0..%d) and size", where, i, m->ndrives - 1);
+        snprintf(m->pack_path[i], sizeof m->pack_path[i], "%s", pp);
+        m->pack_drive[i] = (int)d;
+        m->pack_size[i] = (uint64_t)size;
+    }
+    size_t nb = json_array_size(blobs), nt = 0;
+    for (size_t b = 0; b < nb; b++)
+        nt += json_array_size(json_object_get(json_array_get(blobs, b), "tensors"));
+    m->b = calloc(nb ? nb : 1, sizeof *m->b);
+    m->t = calloc(nt ? nt : 1, sizeof *m->t);
+    if (!m->b || !m->t) {
+        dfsp_manifest_free(m);
+        return errbuf_set(err, "%s: out of memory", where);
+    }
+    for (size_t b = 0; b < nb; b++) {
+        if (parse_blob(json_array_get(blobs, b), where, b, m, &m->b[b], err) != 0) {
+            dfsp_manifest_free(m);
+            return -1;
+        }
+        m->nb++;
+    }
+    return 0;
+}
+
+void dfsp_manifest_free(dfsp_manifest *m)
+{
+    for (int i = 0; i < m->nt; i++)
+        free(m->t[i].name);
+    free(m->t);
+    free(m->b);
+    memset(m, 0, sizeof *m);
+}
+
 /* ---- prepare ---- */
 
 typedef struct plan {
     int ndrives, mirrors;
-    char drive[STORE_MAX_PACKS][1024];   /* absolute or "." (the store folder) */
-    char pack[STORE_MAX_PACKS][1200];    /* pack file path */
-    uint64_t size[STORE_MAX_PACKS];      /* planned pack size */
+    char drive[STORE_MAX_PACKS][1024];
+    char pack[STORE_MAX_PACKS][1200];  /* pack file path */
+    uint64_t size[STORE_MAX_PACKS];    /* planned pack size */
     int fd[STORE_MAX_PACKS];
 } plan;
 
-static void place(const blob_table *t, plan *p)
+/* Drive folders: they exist, there are at most STORE_MAX_PACKS, and no folder is listed twice
+ * (two packs of one model in one folder would be the same file). */
+static int plan_drives(plan *p, const char *store_dir, const dfsp_prepare_opts *o, const char *identity,
+                       errbuf *err)
+{
+    p->ndrives = o->ndrives > 0 ? o->ndrives : 1;
+    p->mirrors = o->mirrors < 1 ? 1 : o->mirrors;
+    if (p->ndrives > STORE_MAX_PACKS)
+        return errbuf_set(err, "prepare: at most %d drives", STORE_MAX_PACKS);
+    if (p->mirrors > p->ndrives || p->mirrors > STORE_MAX_COPIES)
+        return errbuf_set(err, "prepare: %d mirrors need at least as many drives (have %d)", p->mirrors, p->ndrives);
+    char real[STORE_MAX_PACKS][PATH_MAX];
+    for (int d = 0; d < p->ndrives; d++) {
+        const char *dr = o->ndrives > 0 ? o->drives[d] : store_dir;
+        if (!file_is_dir(dr) || !realpath(dr, real[d]))
+            return errbuf_set(err, "prepare: drive folder '%s' does not exist", dr);
+        for (int e = 0; e < d; e++)
+            if (strcmp(real[e], real[d]) == 0)
+                return errbuf_set(err, "prepare: drive folder '%s' is listed twice", dr);
+        snprintf(p->drive[d], sizeof p->drive[d], "%s", dr);
+        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s.pack", dr, identity);
+    }
+    return 0;
+}
+
+static void place(blob_table *t, plan *p)
 {
     memset(p->size, 0, sizeof p->size);
     for (int b = 0; b < t->n; b++) {
@@ -76,15 +253,30 @@ static void place(const blob_table *t, plan *p)
             int d = (b + k) % p->ndrives;
             x->copy[k].file = d;
             x->copy[k].off = p->size[d];
-            p->size[d] += pad4k(x->size);
+            p->size[d] += blob_padded(x->size);
         }
     }
 }
 
+/* free space for what is still to be written, folder by folder */
+static int check_space(const plan *p, errbuf *err)
+{
+    for (int d = 0; d < p->ndrives; d++) {
+        struct stat st;
+        uint64_t have = stat(p->pack[d], &st) == 0 ? (uint64_t)st.st_size : 0;
+        uint64_t need = p->size[d] > have ? p->size[d] - have : 0;
+        struct statvfs vf;
+        if (statvfs(p->drive[d], &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need)
+            return errbuf_set(err, "prepare: %s needs %.2f GB free, has %.2f GB", p->drive[d], (double)need / 1e9,
+                              (double)vf.f_bavail * vf.f_frsize / 1e9);
+    }
+    return 0;
+}
+
 static int copy_small_files(const char *hf_dir, const char *store_dir, errbuf *err)
 {
-    static const char *names[] = {"config.json", "generation_config.json", "tokenizer_config.json",
-                                  "tiktoken.model", "tokenizer.json", "special_tokens_map.json",
+    static const char *names[] = {"config.json",    "generation_config.json", "tokenizer_config.json",
+                                  "tiktoken.model", "tokenizer.json",         "special_tokens_map.json",
                                   "chat_template.jinja", "tokenizer.model"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char src[4096], dst[4096], *buf;
@@ -166,449 +358,346 @@ static int journal_read(const char *path, const char *identity, const plan *p, u
     return rc;
 }
 
-static int read_full(int fd, void *buf, uint64_t len, uint64_t off)
-{
-    uint64_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (uint64_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *buf, uint64_t len, uint64_t off)
-{
-    uint64_t put = 0;
-    while (put < len) {
-        ssize_t r = pwrite(fd, (const char *)buf + put, len - put, (off_t)(off + put));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        put += (uint64_t)r;
-    }
-    return 0;
-}
-
-int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_opts *o, errbuf *err)
-{
+/* the prepare of one store: everything its steps share */
+typedef struct prep {
     model m;
     blob_table t;
-    plan *p = calloc(1, sizeof *p);
-    int *src_fd = NULL, rc = -1;
-    unsigned char *done = NULL;
-    uint64_t *sums = NULL;
-    uint8_t *img = NULL;
-    FILE *jf = NULL;
-    json_t *man = NULL;
-    char identity[65], path[4096], jpath[4096];
-    memset(&t, 0, sizeof t);
-    if (!p)
+    plan p;
+    int *src_fd;
+    unsigned char *done;
+    uint64_t *sums;
+    uint8_t *img;
+    FILE *jf;
+} prep;
+
+/* Re-reads the blobs an earlier run journalled; those whose copies all match count as written. */
+static int verify_journalled(prep *x)
+{
+    int resumed = 0;
+    for (int b = 0; b < x->t.n; b++) {
+        for (int k = 0; k < x->t.b[b].ncopies && x->done[b]; k++) {
+            const blob_copy *c = &x->t.b[b].copy[k];
+            if (file_pread_full(x->p.fd[c->file], x->img, x->t.b[b].size, c->off) != 0 ||
+                XXH3_64bits(x->img, x->t.b[b].size) != x->sums[b])
+                x->done[b] = 0;
+        }
+        resumed += x->done[b];
+    }
+    return resumed;
+}
+
+static void sync_all(prep *x)
+{
+    for (int d = 0; d < x->p.ndrives; d++)
+        fsync(x->p.fd[d]);
+    fflush(x->jf);
+    fsync(fileno(x->jf));
+}
+
+/* Writes every blob not yet done; journals each (data synced before the journal claims it). */
+static int write_blobs(prep *x, uint64_t *written_bytes, errbuf *err)
+{
+    const char *stop_env = getenv("DELTAFIN_PREPARE_STOP_AFTER");
+    long stop_after = stop_env ? atol(stop_env) : -1, written = 0;
+    uint64_t since_sync = 0;
+    for (int b = 0; b < x->t.n; b++) {
+        blob *bl = &x->t.b[b];
+        if (x->done[b]) {
+            bl->xxh3 = x->sums[b];
+            continue;
+        }
+        memset(x->img, 0, blob_padded(bl->size));
+        for (int i = 0; i < bl->nparts; i++) {
+            const blob_part *pt = &x->t.part[bl->first_part + i];
+            const st_tensor *tt = &x->m.st.t[pt->tensor];
+            if (file_pread_full(x->src_fd[tt->file], x->img + pt->off, pt->len, tt->file_off) != 0)
+                return errbuf_set(err, "prepare: cannot read tensor '%s' from %s", tt->name,
+                                  x->m.st.files[tt->file].path);
+        }
+        bl->xxh3 = XXH3_64bits(x->img, bl->size);
+        for (int k = 0; k < bl->ncopies; k++)
+            if (file_pwrite_full(x->p.fd[bl->copy[k].file], x->img, blob_padded(bl->size), bl->copy[k].off) != 0)
+                return errbuf_errno(err, x->p.pack[bl->copy[k].file]);
+        since_sync += blob_padded(bl->size) * (uint64_t)bl->ncopies;
+        *written_bytes += blob_padded(bl->size) * (uint64_t)bl->ncopies;
+        if (since_sync >= (256u << 20)) {
+            sync_all(x);
+            since_sync = 0;
+        }
+        fprintf(x->jf, "%d %016llx\n", b, (unsigned long long)bl->xxh3);
+        if (++written == stop_after) {
+            sync_all(x);
+            errbuf_set(err, "prepare: stopped after %ld blobs (DELTAFIN_PREPARE_STOP_AFTER)", written);
+            return DFSP_STOPPED;
+        }
+    }
+    return 0;
+}
+
+static int open_files(prep *x, errbuf *err)
+{
+    for (int d = 0; d < x->p.ndrives; d++)
+        if ((x->p.fd[d] = open(x->p.pack[d], O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+            return errbuf_errno(err, x->p.pack[d]);
+    for (int i = 0; i < x->m.st.nfiles; i++)
+        if ((x->src_fd[i] = open(x->m.st.files[i].path, O_RDONLY | O_CLOEXEC)) < 0)
+            return errbuf_errno(err, x->m.st.files[i].path);
+    uint64_t maxb = BLOB_ALIGN;
+    for (int b = 0; b < x->t.n; b++)
+        maxb = blob_padded(x->t.b[b].size) > maxb ? blob_padded(x->t.b[b].size) : maxb;
+    if (posix_memalign((void **)&x->img, BLOB_ALIGN, maxb) != 0) {
+        x->img = NULL;
+        return errbuf_set(err, "prepare: out of memory for a %llu-byte blob", (unsigned long long)maxb);
+    }
+    return 0;
+}
+
+/* the manifest (atomically, last) and the model's small files */
+static int finish_store(prep *x, const char *hf_dir, const char *store_dir, const char *identity, errbuf *err)
+{
+    for (int d = 0; d < x->p.ndrives; d++)
+        if (ftruncate(x->p.fd[d], (off_t)x->p.size[d]) != 0 || fsync(x->p.fd[d]) != 0)
+            return errbuf_errno(err, x->p.pack[d]);
+    sync_all(x);
+    for (int d = 0; d < x->p.ndrives; d++) /* packs inside the store are written relative to it */
+        if (strcmp(x->p.drive[d], store_dir) == 0)
+            snprintf(x->p.pack[d], sizeof x->p.pack[d], "dfsp-%.16s.pack", identity);
+    json_t *man = manifest_json(&x->t, &x->m, &x->p, identity, hf_dir);
+    char *text = man ? json_dumps(man, JSON_COMPACT) : NULL, path[4200];
+    json_decref(man);
+    if (!text)
+        return errbuf_set(err, "prepare: cannot encode the manifest");
+    snprintf(path, sizeof path, "%s/manifest.json", store_dir);
+    int rc = copy_small_files(hf_dir, store_dir, err) ? -1 : file_write_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+/* an existing manifest: the same model means done; another model is refused */
+static int existing(const char *store_dir, const char *identity, int *same, errbuf *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.json", store_dir);
+    *same = 0;
+    if (!file_exists(path))
+        return 0;
+    json_t *old = jsonr_load_file(path, err);
+    if (!old)
+        return -1;
+    const char *oid = json_string_value(json_object_get(old, "identity"));
+    *same = oid && strcmp(oid, identity) == 0;
+    json_decref(old);
+    if (!*same)
+        return errbuf_set(err, "%s: this store holds another model; refusing to mix (use another folder)", path);
+    return 0;
+}
+
+int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_opts *o, dfsp_prepare_stats *st,
+                 errbuf *err)
+{
+    prep *x = calloc(1, sizeof *x);
+    char identity[65], jpath[4200];
+    int rc = -1, same = 0;
+    memset(st, 0, sizeof *st);
+    if (!x)
         return errbuf_set(err, "prepare: out of memory");
     for (int d = 0; d < STORE_MAX_PACKS; d++)
-        p->fd[d] = -1;
-    if (model_load(&m, hf_dir, err) != 0) {
-        free(p);
+        x->p.fd[d] = -1;
+    double t0 = timer_now();
+    if (model_load(&x->m, hf_dir, err) != 0) {
+        free(x);
         return -1;
     }
-    if (blob_table_build(&t, &m, err) != 0 || dfsp_identity(hf_dir, &m.st, identity, err) != 0)
+    if (blob_table_build(&x->t, &x->m, err) != 0 || dfsp_identity(hf_dir, &x->m.st, identity, err) != 0)
         goto out;
     if (mkdir(store_dir, 0755) != 0 && errno != EEXIST) {
         errbuf_errno(err, store_dir);
         goto out;
     }
-    p->ndrives = o->ndrives > 0 ? o->ndrives : 1;
-    if (p->ndrives > STORE_MAX_PACKS) {
-        errbuf_set(err, "prepare: at most %d drives", STORE_MAX_PACKS);
+    if (plan_drives(&x->p, store_dir, o, identity, err) != 0 || existing(store_dir, identity, &same, err) != 0)
         goto out;
-    }
-    p->mirrors = o->mirrors < 1 ? 1 : o->mirrors;
-    if (p->mirrors > p->ndrives || p->mirrors > STORE_MAX_COPIES) {
-        errbuf_set(err, "prepare: %d mirrors need at least as many drives (have %d)", p->mirrors, p->ndrives);
-        goto out;
-    }
-    for (int d = 0; d < p->ndrives; d++) {
-        const char *dr = o->ndrives > 0 ? o->drives[d] : store_dir;
-        if (!file_is_dir(dr)) {
-            errbuf_set(err, "prepare: drive folder '%s' does not exist", dr);
-            goto out;
-        }
-        snprintf(p->drive[d], sizeof p->drive[d], "%s", dr);
-        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s.pack", dr, identity);
-    }
-    /* an existing manifest: the same model is done; another model is refused */
-    snprintf(path, sizeof path, "%s/manifest.json", store_dir);
-    if (file_exists(path)) {
-        json_t *old = jsonr_load_file(path, err);
-        const char *oid = NULL;
-        if (!old)
-            goto out;
-        jsonr_str(old, "identity", &oid, 1, path, err);
-        int same = oid && strcmp(oid, identity) == 0;
-        json_decref(old);
-        if (!same) {
-            errbuf_set(err, "%s: this store holds another model; refusing to mix (use another folder)", path);
-            goto out;
-        }
-        if (!o->quiet)
-            printf("prepare: %s already holds this model\n", store_dir);
+    st->blobs = x->t.n;
+    if (same) {
+        st->already = 1;
         rc = 0;
         goto out;
     }
-    place(&t, p);
-    done = calloc((size_t)t.n, 1);
-    sums = calloc((size_t)t.n, sizeof *sums);
-    src_fd = malloc(sizeof(int) * (size_t)m.st.nfiles);
-    if (!done || !sums || !src_fd) {
+    place(&x->t, &x->p);
+    x->done = calloc((size_t)x->t.n + 1, 1);
+    x->sums = calloc((size_t)x->t.n + 1, sizeof *x->sums);
+    x->src_fd = malloc(sizeof(int) * (size_t)(x->m.st.nfiles + 1));
+    if (!x->done || !x->sums || !x->src_fd) {
         errbuf_set(err, "prepare: out of memory");
         goto out;
     }
-    for (int i = 0; i < m.st.nfiles; i++)
-        src_fd[i] = -1;
+    for (int i = 0; i < x->m.st.nfiles; i++)
+        x->src_fd[i] = -1;
     snprintf(jpath, sizeof jpath, "%s/prepare.journal", store_dir);
-    if (journal_read(jpath, identity, p, done, sums, t.n, err) != 0)
+    if (journal_read(jpath, identity, &x->p, x->done, x->sums, x->t.n, err) != 0 || check_space(&x->p, err) != 0 ||
+        open_files(x, err) != 0)
         goto out;
-    /* free space, counting what earlier runs already wrote */
-    for (int d = 0; d < p->ndrives; d++) {
-        struct stat st;
-        uint64_t have = stat(p->pack[d], &st) == 0 ? (uint64_t)st.st_size : 0, need = 0;
-        if (p->size[d] > have)
-            need = p->size[d] - have;
-        for (int e = 0; e < d; e++) /* drives that are the same folder share its space */
-            if (strcmp(p->drive[e], p->drive[d]) == 0)
-                need = 0;
-        struct statvfs vf;
-        if (statvfs(p->drive[d], &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-            errbuf_set(err, "prepare: %s needs %.2f GB free, has %.2f GB", p->drive[d], (double)need / 1e9,
-                       (double)vf.f_bavail * vf.f_frsize / 1e9);
-            goto out;
-        }
-    }
-    for (int d = 0; d < p->ndrives; d++)
-        if ((p->fd[d] = open(p->pack[d], O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0) {
-            errbuf_errno(err, p->pack[d]);
-            goto out;
-        }
-    for (int i = 0; i < m.st.nfiles; i++)
-        if ((src_fd[i] = open(m.st.files[i].path, O_RDONLY | O_CLOEXEC)) < 0) {
-            errbuf_errno(err, m.st.files[i].path);
-            goto out;
-        }
-    uint64_t maxb = 0;
-    for (int b = 0; b < t.n; b++)
-        maxb = pad4k(t.b[b].size) > maxb ? pad4k(t.b[b].size) : maxb;
-    if (posix_memalign((void **)&img, BLOB_ALIGN, maxb ? maxb : BLOB_ALIGN) != 0) {
-        errbuf_set(err, "prepare: out of memory for a %llu-byte blob", (unsigned long long)maxb);
-        goto out;
-    }
-    /* blobs a previous run journalled are re-read and checked before they count as written */
-    int resumed = 0;
-    for (int b = 0; b < t.n; b++) {
-        if (!done[b])
-            continue;
-        for (int k = 0; k < t.b[b].ncopies && done[b]; k++) {
-            const blob_copy *c = &t.b[b].copy[k];
-            if (read_full(p->fd[c->file], img, t.b[b].size, c->off) != 0 ||
-                XXH3_64bits(img, t.b[b].size) != sums[b])
-                done[b] = 0;
-        }
-        resumed += done[b];
-    }
-    jf = fopen(jpath, "a");
-    if (!jf) {
+    st->resumed = verify_journalled(x);
+    if (!(x->jf = fopen(jpath, "a"))) {
         errbuf_errno(err, jpath);
         goto out;
     }
-    if (ftell(jf) == 0)
-        fprintf(jf, "dfsp-journal %s %d %d\n", identity, p->ndrives, p->mirrors);
-    const char *stop_env = getenv("DELTAFIN_PREPARE_STOP_AFTER"); /* test aid: simulate a crash */
-    long stop_after = stop_env ? atol(stop_env) : -1, written = 0;
-    uint64_t since_sync = 0, total = 0;
-    double t0 = timer_now();
-    for (int b = 0; b < t.n; b++) {
-        blob *x = &t.b[b];
-        if (done[b]) {
-            x->xxh3 = sums[b];
-            continue;
-        }
-        memset(img, 0, pad4k(x->size));
-        for (int i = 0; i < x->nparts; i++) {
-            const blob_part *pt = &t.part[x->first_part + i];
-            const st_tensor *tt = &m.st.t[pt->tensor];
-            if (read_full(src_fd[tt->file], img + pt->off, pt->len, tt->file_off) != 0) {
-                errbuf_set(err, "prepare: cannot read tensor '%s' from %s", tt->name, m.st.files[tt->file].path);
-                goto out;
-            }
-        }
-        x->xxh3 = XXH3_64bits(img, x->size);
-        for (int k = 0; k < x->ncopies; k++)
-            if (write_full(p->fd[x->copy[k].file], img, pad4k(x->size), x->copy[k].off) != 0) {
-                errbuf_errno(err, p->pack[x->copy[k].file]);
-                goto out;
-            }
-        since_sync += pad4k(x->size) * (uint64_t)x->ncopies;
-        total += pad4k(x->size) * (uint64_t)x->ncopies;
-        if (since_sync >= (256u << 20)) { /* data is synced before the journal claims it */
-            for (int d = 0; d < p->ndrives; d++)
-                fsync(p->fd[d]);
-            fflush(jf);
-            fsync(fileno(jf));
-            since_sync = 0;
-        }
-        fprintf(jf, "%d %016llx\n", b, (unsigned long long)x->xxh3);
-        if (++written == stop_after) {
-            for (int d = 0; d < p->ndrives; d++)
-                fsync(p->fd[d]);
-            fflush(jf);
-            fsync(fileno(jf));
-            _exit(3);
-        }
-    }
-    for (int d = 0; d < p->ndrives; d++)
-        if (ftruncate(p->fd[d], (off_t)p->size[d]) != 0 || fsync(p->fd[d]) != 0) {
-            errbuf_errno(err, p->pack[d]);
-            goto out;
-        }
-    fflush(jf);
-    fsync(fileno(jf));
-    /* the store's pack paths are written relative to the store when inside it */
-    for (int d = 0; d < p->ndrives; d++)
-        if (strcmp(p->drive[d], store_dir) == 0)
-            snprintf(p->pack[d], sizeof p->pack[d], "dfsp-%.16s.pack", identity);
-    man = manifest_json(&t, &m, p, identity, hf_dir);
-    char *text = man ? json_dumps(man, JSON_COMPACT) : NULL;
-    if (!text) {
-        errbuf_set(err, "prepare: cannot encode the manifest");
+    if (ftell(x->jf) == 0)
+        fprintf(x->jf, "dfsp-journal %s %d %d\n", identity, x->p.ndrives, x->p.mirrors);
+    if ((rc = write_blobs(x, &st->bytes, err)) != 0)
         goto out;
-    }
-    if (copy_small_files(hf_dir, store_dir, err) != 0) {
-        free(text);
-        goto out;
-    }
-    int wrc = file_write_atomic(path, text, strlen(text), err);
-    free(text);
-    if (wrc)
+    rc = -1;
+    if (finish_store(x, hf_dir, store_dir, identity, err) != 0)
         goto out;
     unlink(jpath);
-    if (!o->quiet) {
-        double dt = timer_now() - t0;
-        printf("prepare: %d blobs (%d verified from an earlier run), %.2f GB written in %.1f s (%.2f GB/s) over %d "
-               "drive(s), %d mirror(s)\n",
-               t.n, resumed, (double)total / 1e9, dt, dt > 0 ? (double)total / 1e9 / dt : 0.0, p->ndrives,
-               p->mirrors);
-    }
     rc = 0;
 out:
-    if (jf)
-        fclose(jf);
+    st->seconds = timer_now() - t0;
+    if (x->jf)
+        fclose(x->jf);
     for (int d = 0; d < STORE_MAX_PACKS; d++)
-        if (p->fd[d] >= 0)
-            close(p->fd[d]);
-    if (src_fd)
-        for (int i = 0; i < m.st.nfiles; i++)
-            if (src_fd[i] >= 0)
-                close(src_fd[i]);
-    free(src_fd);
-    free(done);
-    free(sums);
-    free(img);
-    free(p);
-    json_decref(man);
-    blob_table_free(&t);
-    model_free(&m);
+        if (x->p.fd[d] >= 0)
+            close(x->p.fd[d]);
+    if (x->src_fd)
+        for (int i = 0; i < x->m.st.nfiles; i++)
+            if (x->src_fd[i] >= 0)
+                close(x->src_fd[i]);
+    free(x->src_fd);
+    free(x->done);
+    free(x->sums);
+    free(x->img);
+    blob_table_free(&x->t);
+    model_free(&x->m);
+    free(x);
     return rc;
 }
 
 /* ---- open ---- */
 
-static int kind_of(const char *s)
+/* The tensors of every blob's first copy, mapped from the packs. */
+static int map_tensors(const dfsp_manifest *man, const dfsp_info *info, const char *where, st_set *set, errbuf *err)
 {
-    for (int k = 0; k < 3; k++)
-        if (strcmp(s, kind_name[k]) == 0)
-            return k;
-    return -1;
+    memset(set, 0, sizeof *set);
+    set->files = calloc((size_t)man->npacks, sizeof *set->files);
+    set->t = calloc((size_t)man->nt + 1, sizeof *set->t);
+    if (!set->files || !set->t)
+        return errbuf_set(err, "%s: out of memory", where);
+    for (int i = 0; i < man->npacks; i++) {
+        set->files[i].path = strdup(info->pack_path[i]);
+        set->nfiles++;
+        if (!set->files[i].path || file_map_open(&set->files[i].map, info->pack_path[i], err) != 0)
+            return -1;
+        if (set->files[i].map.size < man->pack_size[i])
+            return errbuf_set(err, "%s: pack is truncated (%zu of %llu bytes)", info->pack_path[i],
+                              set->files[i].map.size, (unsigned long long)man->pack_size[i]);
+    }
+    for (int b = 0; b < man->nb; b++) {
+        const dfsp_blob *x = &man->b[b];
+        for (int i = 0; i < x->ntensors; i++) {
+            const dfsp_tensor *d = &man->t[x->first_tensor + i];
+            st_tensor *t = &set->t[set->n];
+            t->dtype = d->dtype;
+            t->ndim = d->ndim;
+            memcpy(t->shape, d->shape, sizeof t->shape);
+            t->file = x->copy[0].file;
+            t->file_off = x->copy[0].off + d->off;
+            t->begin = t->file_off;
+            t->end = t->file_off + d->len;
+            t->data = set->files[t->file].map.data + t->file_off;
+            if (!(t->name = strdup(d->name)))
+                return errbuf_set(err, "%s: out of memory", where);
+            set->n++;
+        }
+    }
+    return st_finish(set, err);
 }
 
-static int dtype_of(const char *s)
+/* Copies and checksums onto the engine's blob table; every blob must be in the manifest, at the
+ * layout this engine computes. */
+static int attach(const dfsp_manifest *man, const model *m, blob_table *bt, const char *where, errbuf *err)
 {
-    for (int d = 0; d < ST_DTYPE_COUNT; d++)
-        if (strcmp(s, st_dtype_name(d)) == 0)
-            return d;
-    return -1;
+    int *seen = calloc((size_t)bt->n + 1, sizeof(int));
+    if (!seen)
+        return errbuf_set(err, "%s: out of memory", where);
+    int rc = 0;
+    for (int b = 0; b < man->nb && rc == 0; b++) {
+        const dfsp_blob *x = &man->b[b];
+        int id = -1;
+        if (x->kind == BLOB_EXPERT) {
+            if (x->layer >= 0 && x->layer < bt->n_layers && x->expert >= 0 && x->expert < bt->n_experts)
+                id = bt->expert_blob[(size_t)x->layer * bt->n_experts + x->expert];
+        } else {
+            for (int k = 0; k < bt->n && id < 0; k++)
+                if (bt->b[k].kind == x->kind && bt->b[k].layer == x->layer)
+                    id = k;
+        }
+        if (id < 0 || seen[id] || x->size != bt->b[id].size) {
+            rc = errbuf_set(err, "%s: blob %d (%s layer %d expert %d) does not match the model", where, b,
+                            kind_name[x->kind], x->layer, x->expert);
+            break;
+        }
+        seen[id] = 1;
+        blob *y = &bt->b[id];
+        for (int k = 0; k < y->nparts && rc == 0; k++) {
+            const blob_part *pt = &bt->part[y->first_part + k];
+            if (m->st.t[pt->tensor].file_off != x->copy[0].off + pt->off)
+                rc = errbuf_set(err, "%s: blob %d: tensor '%s' is not at the offset this engine's layout expects",
+                                where, b, m->st.t[pt->tensor].name);
+        }
+        y->xxh3 = x->xxh3;
+        y->ncopies = x->ncopies;
+        memcpy(y->copy, x->copy, sizeof y->copy);
+    }
+    for (int k = 0; k < bt->n && rc == 0; k++)
+        if (!seen[k]) {
+            char nm[64];
+            blob_name(&bt->b[k], nm, sizeof nm);
+            rc = errbuf_set(err, "%s: blob '%s' is missing from the manifest", where, nm);
+        }
+    free(seen);
+    return rc;
 }
 
 int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf *err)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    char where[4200];
+    snprintf(where, sizeof where, "%s/manifest.json", dir);
     memset(info, 0, sizeof *info);
     memset(bt, 0, sizeof *bt);
-    json_t *man = jsonr_load_file(path, err);
-    if (!man)
+    json_t *j = jsonr_load_file(where, err);
+    if (!j)
         return -1;
+    dfsp_manifest man;
     st_set set;
     memset(&set, 0, sizeof set);
-    int rc = -1;
-    const char *fmt = NULL, *id = NULL;
-    json_t *packs = json_object_get(man, "packs"), *blobs = json_object_get(man, "blobs");
-    if (jsonr_str(man, "format", &fmt, 0, path, err) || strcmp(fmt, "dfsp") != 0 ||
-        jsonr_str(man, "identity", &id, 0, path, err) || !json_is_array(packs) || !json_is_array(blobs) ||
-        json_array_size(packs) == 0 || json_array_size(packs) > STORE_MAX_PACKS) {
-        if (!err->msg[0] || !fmt || strcmp(fmt, "dfsp") != 0)
-            errbuf_set(err, "%s: not a DFSP manifest (format, identity, packs, blobs)", path);
-        goto out;
-    }
-    snprintf(info->identity, sizeof info->identity, "%s", id);
-    info->npacks = (int)json_array_size(packs);
-    int64_t v;
-    info->ndrives = jsonr_int(man, "drives", &v, 0, path, err) ? 1 : (int)v;
-    info->mirrors = jsonr_int(man, "mirrors", &v, 0, path, err) ? 1 : (int)v;
-    set.files = calloc((size_t)info->npacks, sizeof *set.files);
-    if (!set.files) {
-        errbuf_set(err, "%s: out of memory", path);
-        goto out;
-    }
-    for (int i = 0; i < info->npacks; i++) {
-        json_t *pk = json_array_get(packs, (size_t)i);
-        const char *pp = NULL;
-        int64_t d = 0, size = 0;
-        if (jsonr_str(pk, "path", &pp, 0, path, err) || jsonr_int(pk, "drive", &d, 0, path, err) ||
-            jsonr_int(pk, "size", &size, 0, path, err))
-            goto out;
-        if (pp[0] == '/')
-            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", pp);
+    int rc = dfsp_manifest_parse(j, where, &man, err);
+    json_decref(j);
+    if (rc != 0)
+        return -1;
+    memcpy(info->identity, man.identity, sizeof info->identity);
+    info->npacks = man.npacks;
+    info->ndrives = man.ndrives;
+    info->mirrors = man.mirrors;
+    for (int i = 0; i < man.npacks; i++) {
+        if (man.pack_path[i][0] == '/')
+            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", man.pack_path[i]);
         else
-            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s/%s", dir, pp);
-        info->pack_drive[i] = (int)d;
-        set.files[i].path = strdup(info->pack_path[i]);
-        set.nfiles++;
-        if (!set.files[i].path || file_map_open(&set.files[i].map, info->pack_path[i], err) != 0)
-            goto out;
-        if (set.files[i].map.size < (uint64_t)size) {
-            errbuf_set(err, "%s: pack is truncated (%zu of %lld bytes)", info->pack_path[i], set.files[i].map.size,
-                       (long long)size);
-            goto out;
-        }
+            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s/%s", dir, man.pack_path[i]);
+        info->pack_drive[i] = man.pack_drive[i];
     }
-    size_t ntens = 0;
-    for (size_t b = 0; b < json_array_size(blobs); b++)
-        ntens += json_array_size(json_object_get(json_array_get(blobs, b), "tensors"));
-    set.t = calloc(ntens ? ntens : 1, sizeof *set.t);
-    if (!set.t) {
-        errbuf_set(err, "%s: out of memory", path);
+    rc = -1;
+    if (map_tensors(&man, info, where, &set, err) != 0) {
+        st_close(&set);
         goto out;
     }
-    for (size_t b = 0; b < json_array_size(blobs); b++) {
-        json_t *jb = json_array_get(blobs, b), *c0 = json_array_get(json_object_get(jb, "copies"), 0);
-        int pack = (int)json_integer_value(json_array_get(c0, 0));
-        uint64_t coff = (uint64_t)json_integer_value(json_array_get(c0, 1));
-        json_t *ts = json_object_get(jb, "tensors");
-        if (!c0 || pack < 0 || pack >= info->npacks || !json_is_array(ts)) {
-            errbuf_set(err, "%s: blob %zu has no valid copy", path, b);
-            goto out;
-        }
-        for (size_t i = 0; i < json_array_size(ts); i++) {
-            json_t *e = json_array_get(ts, i), *shape = json_array_get(e, 2);
-            st_tensor *x = &set.t[set.n];
-            const char *name = json_string_value(json_array_get(e, 0));
-            x->dtype = dtype_of(json_string_value(json_array_get(e, 1)) ? json_string_value(json_array_get(e, 1)) : "");
-            uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 3)), numel = 1;
-            if (!name || x->dtype < 0 || !json_is_array(shape) || json_array_size(shape) > ST_MAX_DIMS) {
-                errbuf_set(err, "%s: blob %zu tensor %zu is malformed", path, b, i);
-                goto out;
-            }
-            x->ndim = (int)json_array_size(shape);
-            for (int d = 0; d < x->ndim; d++) {
-                x->shape[d] = (int64_t)json_integer_value(json_array_get(shape, (size_t)d));
-                numel *= (uint64_t)x->shape[d];
-            }
-            uint64_t len = numel * (uint64_t)st_dtype_size(x->dtype);
-            x->file = pack;
-            x->file_off = coff + off;
-            x->begin = x->file_off;
-            x->end = x->file_off + len;
-            if (x->end > set.files[pack].map.size || x->end < x->begin) {
-                errbuf_set(err, "%s: tensor '%s' lies past the end of %s", path, name, info->pack_path[pack]);
-                goto out;
-            }
-            x->data = set.files[pack].map.data + x->file_off;
-            if (!(x->name = strdup(name))) {
-                errbuf_set(err, "%s: out of memory", path);
-                goto out;
-            }
-            set.n++;
-        }
-    }
-    if (st_finish(&set, err) != 0)
+    if (model_load_set(m, dir, &set, err) != 0) /* takes the set, also on failure */
         goto out;
-    if (model_load_set(m, dir, &set, err) != 0)
-        goto out_man;
-    if (blob_table_build(bt, m, err) != 0) {
+    if (blob_table_build(bt, m, err) != 0 || attach(&man, m, bt, where, err) != 0) {
+        blob_table_free(bt);
         model_free(m);
-        goto out_man;
-    }
-    /* copies and checksums from the manifest; the image layout must be the one prepare wrote */
-    for (size_t b = 0; b < json_array_size(blobs); b++) {
-        json_t *jb = json_array_get(blobs, b);
-        int kind = kind_of(json_string_value(json_object_get(jb, "kind")) ? json_string_value(json_object_get(jb, "kind")) : "");
-        int layer = (int)json_integer_value(json_object_get(jb, "layer"));
-        int expert = (int)json_integer_value(json_object_get(jb, "expert"));
-        int id = -1;
-        for (int k = 0; k < bt->n && id < 0; k++) /* experts via the index, the few others by scan */
-            if (kind == BLOB_EXPERT) {
-                if (layer >= 0 && layer < bt->n_layers && expert >= 0 && expert < bt->n_experts)
-                    id = bt->expert_blob[(size_t)layer * bt->n_experts + expert];
-                break;
-            } else if (bt->b[k].kind == kind && bt->b[k].layer == layer) {
-                id = k;
-            }
-        json_t *copies = json_object_get(jb, "copies");
-        const char *h = json_string_value(json_object_get(jb, "xxh3"));
-        if (id < 0 || !h || (uint64_t)json_integer_value(json_object_get(jb, "size")) != bt->b[id].size ||
-            json_array_size(copies) < 1 || json_array_size(copies) > STORE_MAX_COPIES) {
-            errbuf_set(err, "%s: blob %zu (%s layer %d expert %d) does not match the model", path, b,
-                       kind >= 0 ? kind_name[kind] : "?", layer, expert);
-            model_free(m);
-            blob_table_free(bt);
-            goto out_man;
-        }
-        blob *x = &bt->b[id];
-        json_t *c0 = json_array_get(copies, 0);
-        uint64_t base = (uint64_t)json_integer_value(json_array_get(c0, 1));
-        for (int k = 0; k < x->nparts; k++) { /* tensors sit where prepare's layout put them */
-            const blob_part *pt = &bt->part[x->first_part + k];
-            if (m->st.t[pt->tensor].file_off != base + pt->off) {
-                errbuf_set(err, "%s: blob %zu: tensor '%s' is not at the offset this engine's layout expects", path,
-                           b, m->st.t[pt->tensor].name);
-                model_free(m);
-                blob_table_free(bt);
-                goto out_man;
-            }
-        }
-        x->xxh3 = strtoull(h, NULL, 16);
-        x->ncopies = (int)json_array_size(copies);
-        for (int k = 0; k < x->ncopies; k++) {
-            json_t *c = json_array_get(copies, (size_t)k);
-            x->copy[k].file = (int)json_integer_value(json_array_get(c, 0));
-            x->copy[k].off = (uint64_t)json_integer_value(json_array_get(c, 1));
-            if (x->copy[k].file < 0 || x->copy[k].file >= info->npacks || x->copy[k].off % BLOB_ALIGN ||
-                x->copy[k].off + pad4k(x->size) > (uint64_t)m->st.files[x->copy[k].file].map.size) {
-                errbuf_set(err, "%s: blob %zu copy %d lies outside its pack", path, b, k);
-                model_free(m);
-                blob_table_free(bt);
-                goto out_man;
-            }
-        }
+        goto out;
     }
     rc = 0;
-    goto out_man;
 out:
-    st_close(&set);
-out_man:
-    json_decref(man);
+    dfsp_manifest_free(&man);
     return rc;
 }

@@ -17,28 +17,70 @@
 #ifndef DF_STORE_DFSP_H
 #define DF_STORE_DFSP_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "base/err.h"
 #include "model/model.h"
 #include "store/blobs.h"
+#include "store/io.h"
+
+enum { STORE_MAX_PACKS = IO_MAX_DRIVES, DFSP_STOPPED = -2 };
 
 typedef struct dfsp_prepare_opts {
     const char *const *drives; /* drive folders (NULL/0: the store folder itself) */
     int ndrives;
     int mirrors;               /* copies of each blob, 1..ndrives */
-    int quiet;
 } dfsp_prepare_opts;
 
-int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_opts *o, errbuf *err);
+typedef struct dfsp_prepare_stats {
+    int blobs, resumed;        /* blobs in the store; verified from an earlier run */
+    int already;               /* the store already held this model */
+    uint64_t bytes;            /* written by this run */
+    double seconds;
+} dfsp_prepare_stats;
+
+/* Writes (or completes) a store. Returns 0, -1 on error, or DFSP_STOPPED when the environment
+ * variable DELTAFIN_PREPARE_STOP_AFTER=N made it stop after N blobs (a test aid that leaves the
+ * store exactly as a crash at that point would). */
+int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_opts *o, dfsp_prepare_stats *st,
+                 errbuf *err);
 
 /* 1 if dir holds a DFSP manifest */
 int dfsp_is_store(const char *dir);
 
-/* Opens a store: the model (tensors mapped from the packs) and its blob table with copies and
- * checksums. pack_paths[i] / pack_drive[i] describe the packs (caller-owned arrays of
- * STORE_MAX_PACKS); *npacks is set. */
-enum { STORE_MAX_PACKS = 64 };
+/* The manifest, parsed and checked without touching any file (fuzzed). */
+typedef struct dfsp_tensor {
+    char *name;
+    int dtype, ndim;
+    int64_t shape[ST_MAX_DIMS];
+    uint64_t off, len;        /* inside the blob image */
+} dfsp_tensor;
+
+typedef struct dfsp_blob {
+    int kind, layer, expert;
+    uint64_t size, xxh3;
+    int ncopies;
+    blob_copy copy[STORE_MAX_COPIES];
+    int first_tensor, ntensors;
+} dfsp_blob;
+
+typedef struct dfsp_manifest {
+    char identity[65];
+    int ndrives, mirrors, npacks;
+    char pack_path[STORE_MAX_PACKS][1024]; /* as written: absolute, or relative to the store */
+    int pack_drive[STORE_MAX_PACKS];
+    uint64_t pack_size[STORE_MAX_PACKS];
+    dfsp_blob *b;
+    int nb;
+    dfsp_tensor *t;
+    int nt;
+} dfsp_manifest;
+
+int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *out, errbuf *err);
+void dfsp_manifest_free(dfsp_manifest *m);
+
+/* What a run needs to read an opened store: the packs (absolute paths) and their drives. */
 typedef struct dfsp_info {
     int npacks;
     char pack_path[STORE_MAX_PACKS][1024];
@@ -46,6 +88,9 @@ typedef struct dfsp_info {
     int ndrives, mirrors;
     char identity[65];
 } dfsp_info;
+
+/* Opens a store: the model (tensors mapped from the packs) and its blob table with copies and
+ * checksums. */
 int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf *err);
 
 /* SHA-256 identity of a Hugging Face folder (config.json + safetensors headers), hex. */
