@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS="gcc make pkg-config python3 libjansson-dev libpcre2-dev libxxhash-dev liburing-dev \
-libcurl4-openssl-dev libmicrohttpd-dev libssl-dev"
+# what the build links (jansson, PCRE2, liburing, xxhash, libcrypto) and what the tests use
+# (tar + xz for the bundled test data, python3 for the shared oracle checkers)
+PKGS="gcc make python3 tar xz-utils libjansson-dev libpcre2-dev libxxhash-dev liburing-dev libssl-dev"
 
 missing=""
 for p in $PKGS; do
@@ -39,5 +40,5 @@ fi
 [ "${1:-}" = "--deps-only" ] && exit 0
 
 make -j"$(nproc)"
-echo "setup: built ./deltafin; running the bundled default model (random weights, see README)"
-./deltafin run --tokens 1,2,3,4,5 --max-new 32 --stats
+echo "setup: built ./deltafin; running the bundled default model (a 12.5M-parameter mini-K3, see README)"
+./deltafin run --prompt "def fibonacci(n):" --max-new 48 --stats

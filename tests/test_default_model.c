@@ -77,3 +77,28 @@ TEST(default_model_greedy_is_recorded)
     CHECKF(ok, "models/default no longer completes the recorded prompt as recorded at export (status %d: %s): %s",
            st, why, out);
 }
+
+/* `run --chat` on K3's format: the reply's markup (<|open|>TAG<|sep|>, <|close|>TAG<|sep|>) is
+ * not printed as text; the thinking channel shows as <think>...</think>. The same ids decoded
+ * plainly do show the tag names, so the check can fail. */
+TEST(default_model_chat_hides_markup)
+{
+    char cmd[4096], ids_out[8192], text[8192], raw[8192];
+    const char *q = "--model models/default --prompt 'write a function that adds two numbers' --chat --max-new 24";
+    snprintf(cmd, sizeof cmd, "%s run %s --print-ids", tu_bin(), q);
+    CHECKF(tu_run(cmd, ids_out, sizeof ids_out) == 0, "%s", ids_out);
+    snprintf(cmd, sizeof cmd, "%s run %s", tu_bin(), q);
+    CHECKF(tu_run(cmd, text, sizeof text) == 0, "%s", text);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat_ids.txt", test_tmpdir());
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(ids_out, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s tokenize --model models/default --decode --skip-special %s", tu_bin(), path);
+    CHECKF(tu_run(cmd, raw, sizeof raw) == 0, "%s", raw);
+    /* the recorded model closes its thinking at once and opens the response channel */
+    CHECKF(strstr(raw, "think") && strstr(raw, "response"), "plain decode: %s", raw);
+    CHECKF(!strncmp(text, "<think>", 7) && strstr(text, "</think>") && !strstr(text, "response"), "run --chat: %s",
+           text);
+}

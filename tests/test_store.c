@@ -162,6 +162,18 @@ static void copy_file(const char *a, const char *b)
         test_fail(__FILE__, __LINE__, "cp failed");
 }
 
+/* flips the byte at `off` of `path` (again to restore it) */
+static void flip_byte(const char *path, uint64_t off)
+{
+    FILE *f = fopen(path, "r+b");
+    CHECKF(f, "%s", path);
+    fseek(f, (long)off, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, (long)off, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
 TEST(store_flipped_byte_is_named)
 {
     errbuf err;
@@ -178,13 +190,7 @@ TEST(store_flipped_byte_is_named)
     snprintf(pack, sizeof pack, "%s", info.pack_path[bt.b[b].copy[0].file]);
     blob_table_free(&bt);
     model_free(&dm);
-    FILE *f = fopen(pack, "r+b");
-    CHECK(f);
-    fseek(f, (long)off, SEEK_SET);
-    int c = fgetc(f);
-    fseek(f, (long)off, SEEK_SET);
-    fputc(c ^ 0x10, f);
-    fclose(f);
+    flip_byte(pack, off);
     /* every expert of every layer is requested over a few tokens with 2 slots: the bad one too */
     char cmd[8192], out[4096];
     snprintf(cmd, sizeof cmd,
@@ -198,6 +204,84 @@ TEST(store_flipped_byte_is_named)
     snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
     st = tu_run(cmd, out, sizeof out);
     CHECKF(st == 1 && strstr(out, "layer 1 expert 0") && strstr(out, "checksum"), "doctor: status %d: %s", st, out);
+}
+
+/* a failed expert load poisons the session (its state advanced part-way), releases the failed
+ * request's pins and forgets the bad slot: after a reset, with the pack repaired, the same
+ * store computes exactly what the resident model does */
+TEST(store_recovers_after_a_failed_load)
+{
+    errbuf err;
+    char *dst = dir_in_tmp("recover");
+    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    model ref_m, dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
+    float *ref = run(&ref_m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    /* one flipped byte in every expert of layer 1: the first token fails there */
+    char pack[1024];
+    uint64_t off[512];
+    int ne = bt.n_experts < 512 ? bt.n_experts : 512;
+    snprintf(pack, sizeof pack, "%s", info.pack_path[0]);
+    for (int e = 0; e < ne; e++) {
+        const blob *x = &bt.b[bt.expert_blob[1 * bt.n_experts + e]];
+        off[e] = x->copy[0].off + x->size / 2;
+        flip_byte(pack, off[e]);
+    }
+    store *st = open_store(&dm, &info, &bt, 2, 0, NULL, &err);
+    CHECKF(st, "%s", err.msg);
+    pool *p = pool_new(1, &err);
+    session s;
+    size_t V = (size_t)dm.hp.vocab;
+    float *out = malloc(sizeof(float) * NIDS * V);
+    CHECK(p && out && session_init(&s, &dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
+    session_set_experts(&s, store_experts(st));
+    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
+    CHECKF(strstr(err.msg, "layer 1 expert") && strstr(err.msg, "checksum"), "%s", err.msg);
+    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
+    for (int e = 0; e < ne; e++)
+        flip_byte(pack, off[e]);
+    session_reset(&s);
+    CHECKF(session_forward(&s, IDS, NIDS, out, 1, &err) == 0, "%s", err.msg);
+    CHECK(memcmp(out, ref, sizeof(float) * NIDS * V) == 0);
+    session_free(&s);
+    pool_free(p);
+    store_free(st);
+    model_free(&dm);
+    model_free(&ref_m);
+    free(out);
+    free(ref);
+}
+
+/* doctor reads every copy: a flipped byte in the second copy of a spine blob is found */
+TEST(store_doctor_checks_mirrors)
+{
+    errbuf err;
+    char *dst = dir_in_tmp("mirror");
+    CHECKF(prepare("models/default", dst, 2, 2, &err) == 0, "%s", err.msg);
+    model dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    int b = -1;
+    for (int i = 0; i < bt.n && b < 0; i++)
+        if (bt.b[i].kind == BLOB_SPINE && bt.b[i].ncopies == 2)
+            b = i;
+    CHECKF(b >= 0, "no mirrored spine blob");
+    char pack[1024], cmd[8192], out[4096], nm[64];
+    snprintf(pack, sizeof pack, "%s", info.pack_path[bt.b[b].copy[1].file]);
+    uint64_t off = bt.b[b].copy[1].off + bt.b[b].size - 1;
+    blob_name(&bt.b[b], nm, sizeof nm);
+    blob_table_free(&bt);
+    model_free(&dm);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
+    flip_byte(pack, off);
+    int st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 1 && strstr(out, nm) && strstr(out, "copy 1") && strstr(out, "checksum"), "status %d: %s", st, out);
 }
 
 TEST(store_truncated_pack)
@@ -234,7 +318,7 @@ TEST(store_prepare_resumes)
     CHECKF(st == 0 && strstr(out, "20 verified from an earlier run"), "status %d: %s", st, out);
     snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
     st = tu_run(cmd, out, sizeof out);
-    CHECKF(st == 0 && strstr(out, "every blob matches"), "status %d: %s", st, out);
+    CHECKF(st == 0 && strstr(out, "every copy of every blob matches"), "status %d: %s", st, out);
     /* and it computes what the source computes */
     errbuf err;
     model a, b;
@@ -287,6 +371,11 @@ TEST(store_cli_options)
              tu_bin(), dst);
     CHECK(tu_run(cmd, streamed, sizeof streamed) == 0);
     CHECKF(strstr(streamed, "[stats] store: DFSP") && strstr(streamed, "drive 1 (pread)"), "%s", streamed);
+    /* the routing counts are kept for the next run's eviction: a count per blob */
+    char heat[4200];
+    snprintf(heat, sizeof heat, "%s/heat.bin", dst);
+    struct stat hs;
+    CHECKF(stat(heat, &hs) == 0 && hs.st_size > 4 && (hs.st_size - 4) % 4 == 0, "%s", heat);
     streamed[strcspn(streamed, "\n")] = 0; /* the ids line; --stats lines follow */
     resident[strcspn(resident, "\n")] = 0;
     CHECKF(strcmp(resident, streamed) == 0, "%s vs %s", resident, streamed);

@@ -175,7 +175,9 @@ void pool_for(pool *p, int n, pool_fn fn, void *ctx)
     p->ctx = ctx;
     p->items = n;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    /* seq_cst, not release: this store and the load of sleepers below pair with the worker's
+     * sleepers++ then gen load; weaker orders allow both sides to miss each other (a lost wakeup) */
+    atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);

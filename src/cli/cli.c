@@ -151,32 +151,35 @@ int cli_store_opt(const char *cmd, int argc, char **argv, int *i, cli_store_opts
         o->verify = 0;
         return 1;
     }
-    if ((r = cli_opt(argc, argv, i, "--ram-budget", &v)) || (r = cli_opt(argc, argv, i, "--drives", &v)) ||
-        (r = cli_opt(argc, argv, i, "--emulate-drives", &v)) || (r = cli_opt(argc, argv, i, "--prefetch", &v)) ||
-        (r = cli_opt(argc, argv, i, "--io", &v))) {
+    static const char *const names[] = {"--ram-budget", "--drives", "--emulate-drives", "--prefetch", "--io"};
+    int which = -1;
+    for (int k = 0; k < (int)(sizeof names / sizeof names[0]) && which < 0; k++)
+        if ((r = cli_opt(argc, argv, i, names[k], &v)) != 0)
+            which = k;
+    if (which >= 0) {
         if (r < 0) {
-            cli_usage(cmd, "%s needs a value", argv[*i]);
+            cli_usage(cmd, "%s needs a value", names[which]);
             return -1;
         }
-        const char *a = argv[*i - (strchr(argv[*i], '=') ? 0 : 1)];
         uint64_t bytes;
-        if (!strncmp(a, "--ram-budget", 12)) {
+        switch (which) {
+        case 0:
             if (store_parse_bytes(v, &bytes) != 0) {
                 cli_usage(cmd, "--ram-budget expects bytes like 8G or 512M, got '%s'", v);
                 return -1;
             }
             o->ram_budget = v;
-        } else if (!strncmp(a, "--drives", 8)) {
-            o->drives = v;
-        } else if (!strncmp(a, "--emulate-drives", 16)) {
-            o->emulate = v;
-        } else if (!strncmp(a, "--prefetch", 10)) {
+            break;
+        case 1: o->drives = v; break;
+        case 2: o->emulate = v; break;
+        case 3:
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 cli_usage(cmd, "--prefetch expects on or off, got '%s'", v);
                 return -1;
             }
             o->prefetch = !strcmp(v, "on");
-        } else {
+            break;
+        default:
             if (strcmp(v, "uring") && strcmp(v, "pread")) {
                 cli_usage(cmd, "--io expects uring or pread, got '%s'", v);
                 return -1;
@@ -250,8 +253,10 @@ int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const cha
     uint64_t budget = 0, ram = store_physical_ram();
     if (!bt.n && blob_table_build(&bt, &e->m, err) != 0)
         goto fail;
-    int stream = so->ram_budget != NULL || (ram && bt.spine_bytes + bt.expert_bytes > ram / 10 * 8);
-    if (so->ram_budget)
+    int stream = so->ram_budget != NULL || so->min_cache || (ram && bt.spine_bytes + bt.expert_bytes > ram / 10 * 8);
+    if (so->min_cache)
+        budget = bt.spine_bytes + 2 * blob_padded(bt.max_expert);
+    else if (so->ram_budget)
         store_parse_bytes(so->ram_budget, &budget);
     else
         budget = ram / 10 * 8;
@@ -299,6 +304,9 @@ fail:
 
 void cli_engine_close(cli_engine *e)
 {
+    errbuf err;
+    if (e->store && store_heat_save(e->store, &err) != 0)
+        fprintf(stderr, "deltafin: could not keep routing counts: %s\n", err.msg);
     store_free(e->store);
     pool_free(e->pool);
     if (e->m.L)

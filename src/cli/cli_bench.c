@@ -73,6 +73,10 @@ int cmd_bench(int argc, char **argv)
     const hparams *hp = &e.m.hp;
     const expert_src *xs = store_experts(e.store);
     int K = hp->top_k, E = hp->n_experts, *ids = malloc(sizeof(int) * (size_t)K), rc = 1;
+    if (!ids) {
+        errbuf_set(&err, "out of memory");
+        goto out;
+    }
     rng r;
     rng_seed(&r, (uint64_t)seed);
     double t0 = timer_now();
@@ -100,7 +104,10 @@ int cmd_bench(int argc, char **argv)
             int id;
             mlp_w m;
             for (int k = 0; k < n; k++) {
-                if (xs->next(xs->ctx, &id, &m, &err) != 1)
+                int got = xs->next(xs->ctx, &id, &m, &err);
+                if (got == 0)
+                    errbuf_set(&err, "layer %d: the store handed over %d of %d experts", l, k, n);
+                if (got != 1)
                     goto out;
                 xs->release(xs->ctx, l, id);
             }

@@ -20,11 +20,51 @@ static const char *HELP =
     "Output is text, or the generated ids with --print-ids. --stats prints time to first token,\n"
     "tokens/s, per-phase times and weight-store figures on stderr.\n";
 
+/* K3's chat markup (XTML) in the reply: `<|open|>TAG attrs<|sep|>` and `<|close|>TAG<|sep|>`.
+ * The tag text between those ids is not printed; the thinking channel shows as <think>…</think>,
+ * every other tag (message, response) is dropped. The ids themselves still reach the engine. */
+struct xtml {
+    int32_t open, close, sep; /* -1 when the format has none */
+    int in_tag, closing;      /* inside a tag's header; it was opened by <|close|> */
+    char head[64];
+    size_t nhead;
+};
+
 struct emit {
     int print_ids;
     int n;
     tok_stream *ts; /* NULL: print ids */
+    const tok *tk;
+    struct xtml x;
 };
+
+/* 1 if the id belongs to the markup (and has been dealt with) */
+static int xtml_take(struct emit *e, int32_t id)
+{
+    struct xtml *x = &e->x;
+    if (x->open < 0)
+        return 0;
+    if (id == x->open || id == x->close) {
+        x->in_tag = 1;
+        x->closing = id == x->close;
+        x->nhead = 0;
+        return 1;
+    }
+    if (!x->in_tag)
+        return 0;
+    if (id == x->sep) {
+        x->in_tag = 0;
+        x->head[x->nhead] = 0;
+        if (!strncmp(x->head, "think", 5) && (x->head[5] == 0 || x->head[5] == ' '))
+            fputs(x->closing ? "</think>\n" : "<think>", stdout);
+        return 1;
+    }
+    size_t n;
+    const uint8_t *b = tok_token_bytes(e->tk, id, &n);
+    for (size_t i = 0; b && i < n && x->nhead + 1 < sizeof x->head; i++)
+        x->head[x->nhead++] = (char)b[i];
+    return 1;
+}
 
 static int on_token(void *ud, int32_t id)
 {
@@ -32,10 +72,12 @@ static int on_token(void *ud, int32_t id)
     if (e->print_ids || !e->ts) {
         printf(e->n++ ? " %d" : "%d", id);
     } else {
-        size_t n;
-        const char *txt = tok_stream_feed(e->ts, id, &n);
-        fwrite(txt, 1, n, stdout);
         e->n++;
+        if (!xtml_take(e, id)) {
+            size_t n;
+            const char *txt = tok_stream_feed(e->ts, id, &n);
+            fwrite(txt, 1, n, stdout);
+        }
     }
     fflush(stdout);
     return 0;
@@ -208,7 +250,16 @@ int cmd_run(int argc, char **argv)
     sc.seed = (uint64_t)seed;
     int n = (int)ids.n, T = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
     gen_req rq = {ids.v, n, (int)max_new, stop, nstop, T};
-    struct emit em = {print_ids, 0, have_stream ? &ts : NULL};
+    struct emit em = {print_ids, 0, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
+    if (chat && have_stream && tok_chat_format_of(tk) == TOK_CHAT_K3) {
+        em.x.open = tok_token_id(tk, "<|open|>", 8);
+        em.x.close = tok_token_id(tk, "<|close|>", 9);
+        em.x.sep = tok_token_id(tk, "<|sep|>", 7);
+        if (em.x.open < 0 || em.x.close < 0 || em.x.sep < 0)
+            em.x.open = -1;
+        else if (thinking)
+            fputs("<think>", stdout); /* the prompt opened the thinking channel */
+    }
     gen_stats st;
     if (!(logits = malloc(sizeof(float) * (size_t)hp->vocab))) {
         errbuf_set(&err, "out of memory");

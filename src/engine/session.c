@@ -64,10 +64,13 @@ static size_t pass_floats(const hparams *hp, const model *m, int T)
         per += 2 * (size_t)hp->dense_inter;
     if (has_moe) {
         size_t D = hp->latent ? (size_t)hp->latent : H, K = (size_t)hp->top_k;
-        per += (size_t)hp->n_experts + 3 * K + 2 + K * D + 4 * D + 2 * (size_t)hp->moe_inter + H +
+        per += (size_t)hp->n_experts + 3 * K + K * D + 4 * D + 2 * (size_t)hp->moe_inter + H +
                2 * (size_t)hp->shared_inter;
     }
-    size_t fixed = 2 * (size_t)hp->n_experts + (size_t)hp->conv_k + (size_t)(hp->rope_dim + hp->head_dim) + 64 * 48;
+    /* router scores, the expert union and counting-sort starts, the lookahead's choices; the
+     * last term covers each allocation's alignment */
+    size_t E = (size_t)hp->n_experts, moe_fixed = has_moe ? 4 * E + 2 + 2 * (size_t)hp->top_k : 0;
+    size_t fixed = moe_fixed + (size_t)hp->conv_k + (size_t)(hp->rope_dim + hp->head_dim) + 64 * 48;
     return per * (size_t)T + fixed + (size_t)T * 64;
 }
 
@@ -147,6 +150,7 @@ void session_free(session *s)
 void session_reset(session *s)
 {
     s->n_pos = 0;
+    s->poisoned = 0;
     memset(s->state_mem, 0, s->rec_floats * sizeof(float));
 }
 
@@ -174,6 +178,7 @@ void session_checkpoint(const session *s, session_ckpt *c)
 void session_rollback(session *s, const session_ckpt *c)
 {
     s->n_pos = c->n_pos;
+    s->poisoned = 0;
     memcpy(s->state_mem, c->rec, s->rec_floats * sizeof(float));
 }
 
@@ -228,6 +233,8 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
     int H = hp->hidden, pos0 = s->n_pos;
     if (T < 1)
         return 0;
+    if (s->poisoned)
+        return errbuf_set(err, "session: an earlier pass failed part-way; reset or roll back before the next");
     if (T > s->max_T)
         return errbuf_set(err, "pass of %d tokens exceeds the session's %d", T, s->max_T);
     if (pos0 + T > s->cap)
@@ -306,6 +313,7 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
     s->n_pos += T;
     rc = 0;
 out:
+    s->poisoned = rc != 0; /* some layers may have advanced their state */
     arena_rewind(&s->ar, mark);
     return rc;
 }

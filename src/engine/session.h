@@ -36,6 +36,7 @@ typedef struct session {
     size_t rec_floats; /* recurrent part (KDA S + conv) at the start of state_mem */
     arena ar;          /* pass scratch */
     const expert_src *xs; /* borrowed; NULL = the model's own expert views (all resident) */
+    int poisoned;      /* a pass failed part-way: state is inconsistent until reset/rollback */
 } session;
 
 typedef struct session_ckpt {
@@ -52,7 +53,9 @@ void session_reset(session *s);
 
 /* Runs T tokens at positions n_pos .. n_pos+T-1 and advances n_pos. logits: [T][vocab] when
  * all_logits, else [vocab] for the last token; may be NULL. Errors: a token id outside the
- * vocabulary, T > max_T, or the context full. */
+ * vocabulary, T > max_T, or the context full (state untouched); a failure inside the pass (an
+ * expert read, scratch) leaves the session poisoned: later passes are refused until
+ * session_reset or session_rollback. */
 int session_forward(session *s, const int32_t *tokens, int T, float *logits, int all_logits, errbuf *err);
 
 int session_ckpt_init(const session *s, session_ckpt *c, errbuf *err);

@@ -118,14 +118,14 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
     int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
     float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, 2 * (size_t)E);
     float *wt = blk_alloc(b, (size_t)T * K), *slots = blk_alloc(b, (size_t)T * K * D);
-    int *sel = (int *)blk_alloc(b, (size_t)T * K), *rows = (int *)blk_alloc(b, (size_t)T * K);
-    int *uni = (int *)blk_alloc(b, (size_t)E);
-    int *slot_of = (int *)blk_alloc(b, (size_t)T);
+    int *sel = (int *)blk_alloc(b, (size_t)T * K);
+    int *uni = (int *)blk_alloc(b, (size_t)E), *start = (int *)blk_alloc(b, (size_t)E + 1);
+    int *order = (int *)blk_alloc(b, (size_t)T * K);
     float *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
     float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
     float *g = blk_alloc(b, (size_t)T * I), *u = blk_alloc(b, (size_t)T * I);
     float *r = blk_alloc(b, (size_t)T * D);
-    if (!logit || !tmp || !wt || !slots || !sel || !rows || !uni || !slot_of || (hp->latent && !xe) || !gx || !gy ||
+    if (!logit || !tmp || !wt || !slots || !sel || !uni || !start || !order || (hp->latent && !xe) || !gx || !gy ||
         !g || !u || !r)
         return -1;
     blk_matmul(b, &w->router, x, T, logit);
@@ -134,15 +134,22 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
     if (hp->latent)
         blk_matmul(b, &w->lat_down, x, T, xe);
     const float *xin = hp->latent ? xe : x;
-    /* the union of the positions' experts, each computed once over the positions that chose it */
+    /* counting sort of the T*K choices by expert: order[start[e] .. start[e+1]) lists, in
+     * position order, the choices j = t*K + slot that picked expert e; the union of the
+     * positions' experts (each computed once over the positions that chose it) falls out */
+    memset(start, 0, sizeof(int) * ((size_t)E + 1));
+    for (int j = 0; j < T * K; j++)
+        start[sel[j] + 1]++;
+    for (int e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    int *cursor = uni; /* borrowed until the union is listed */
+    memcpy(cursor, start, sizeof(int) * (size_t)E);
+    for (int j = 0; j < T * K; j++)
+        order[cursor[sel[j]]++] = j;
     int nu = 0;
-    for (int e = 0; e < E; e++) {
-        int used = 0;
-        for (int j = 0; j < T * K && !used; j++)
-            used = sel[j] == e;
-        if (used)
+    for (int e = 0; e < E; e++)
+        if (start[e + 1] > start[e])
             uni[nu++] = e;
-    }
     if (b->xs && b->xs->begin(b->xs->ctx, layer, uni, nu, b->err) != 0)
         return -1;
     if (b->xs && b->xs->prefetch)
@@ -162,21 +169,16 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
             e = uni[k];
             ex = &w->experts[e];
         }
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (sel[(size_t)t * K + j] == e) {
-                    rows[n] = t;
-                    slot_of[n] = j;
-                    memcpy(gx + (size_t)n * D, xin + (size_t)t * D, sizeof(float) * (size_t)D);
-                    n++;
-                }
+        const int *chose = order + start[e];
+        int n = start[e + 1] - start[e];
+        for (int i = 0; i < n; i++)
+            memcpy(gx + (size_t)i * D, xin + (size_t)(chose[i] / K) * D, sizeof(float) * (size_t)D);
         blk_matmul(b, &ex->gate, gx, n, g);
         blk_matmul(b, &ex->up, gx, n, u);
         blk_glu(hp, g, u, (size_t)n * I);
         blk_matmul(b, &ex->down, g, n, gy);
         for (int i = 0; i < n; i++)
-            memcpy(slots + ((size_t)rows[i] * K + slot_of[i]) * D, gy + (size_t)i * D, sizeof(float) * (size_t)D);
+            memcpy(slots + (size_t)chose[i] * D, gy + (size_t)i * D, sizeof(float) * (size_t)D);
         if (b->xs)
             b->xs->release(b->xs->ctx, layer, e);
     }

@@ -13,7 +13,11 @@ static int parse_index(const char *name, const char *key)
     p += strlen(key);
     if (*p < '0' || *p > '9')
         return -1;
-    return atoi(p);
+    long v = 0;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if ((v = v * 10 + (*p - '0')) > 1000000)
+            return 1000000; /* beyond any layer or expert count: rejected by the caller */
+    return (int)v;
 }
 
 /* kind/layer/expert of a tensor name; -1 when the text model does not use it */
@@ -98,12 +102,13 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
         owner[i] = -1;
         if (kind < 0)
             continue;
-        if (kind == BLOB_EXPERT && expert >= t->n_experts) {
-            errbuf_set(err, "%s: tensor '%s' names expert %d of %d", m->dir, s->t[i].name, expert, t->n_experts);
-            free(owner);
-            free(other);
-            blob_table_free(t);
-            return -1;
+        if (kind == BLOB_EXPERT && (expert >= t->n_experts || m->hp.ffn_kind[layer] != FFN_MOE)) {
+            if (expert >= t->n_experts)
+                errbuf_set(err, "%s: tensor '%s' names expert %d of %d", m->dir, s->t[i].name, expert, t->n_experts);
+            else
+                errbuf_set(err, "%s: tensor '%s' is an expert of layer %d, which has no mixture of experts", m->dir,
+                           s->t[i].name, layer);
+            goto fail;
         }
         int *slot = blob_slot(t, other, kind, layer, expert);
         if (*slot < 0) {
@@ -154,10 +159,7 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
                     (mats[k]->scale && locate(t, m, x, mats[k]->scale, &x->mat_scale[k]) != 0)) {
                     errbuf_set(err, "%s: layer %d expert %d: a matrix is not inside its expert's tensors", m->dir,
                                x->layer, x->expert);
-                    free(owner);
-                    free(other);
-                    blob_table_free(t);
-                    return -1;
+                    goto fail;
                 }
             }
         } else {
@@ -167,6 +169,11 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
     free(owner);
     free(other);
     return 0;
+fail:
+    free(owner);
+    free(other);
+    blob_table_free(t);
+    return -1;
 }
 
 void blob_table_free(blob_table *t)

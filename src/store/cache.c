@@ -19,13 +19,15 @@
 
 enum { S_EMPTY, S_LOADING, S_READY };
 enum { R_WAIT, R_LOADING, R_READY, R_RETURNED };
+enum { BAD_NONE, BAD_READ, BAD_SUM, BAD_QUEUE };
 
 typedef struct slot {
     int blob;        /* -1 when empty */
     int state;
     int pins;
     int reads_left;
-    int bad;         /* failed its checksum or a read */
+    int bad;         /* BAD_*: why the load failed (reported to the request that needs it) */
+    uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
     uint64_t stamp;  /* last use */
 } slot;
@@ -59,7 +61,6 @@ struct store {
     uint64_t pass;
     uint64_t *read_pass;  /* [nblobs] pass of the last read */
     uint32_t *reads_in_pass;
-    char errmsg[512];     /* a load failure waiting for the request that needs the blob */
     expert_src xs;
 };
 
@@ -67,7 +68,7 @@ int store_parse_bytes(const char *s, uint64_t *out)
 {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v < 0)
+    if (end == s || !(v >= 0))
         return -1;
     double mul = 1;
     switch (*end) {
@@ -79,7 +80,7 @@ int store_parse_bytes(const char *s, uint64_t *out)
     }
     if (*end == 'B' || *end == 'b')
         end++;
-    if (*end)
+    if (*end || !(v * mul < 18446744073709551616.0)) /* also rejects nan and inf */
         return -1;
     *out = (uint64_t)(v * mul);
     return 0;
@@ -91,7 +92,6 @@ uint64_t store_physical_ram(void)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-static uint64_t pad4k(uint64_t n) { return (n + BLOB_ALIGN - 1) & ~(uint64_t)(BLOB_ALIGN - 1); }
 static uint8_t *slot_mem(const store *s, int k) { return s->mem + (size_t)k * s->slot_bytes; }
 
 static void heat_load(store *s)
@@ -110,21 +110,20 @@ static void heat_load(store *s)
     fclose(f);
 }
 
-static void heat_save(store *s)
+int store_heat_save(const store *s, errbuf *err)
 {
-    if (!s->cfg.heat_path)
-        return;
+    if (!s->cfg.heat_path || !s->heat || !s->bt.n)
+        return 0;
     size_t len = 4 + 4 * (size_t)s->bt.n;
     uint8_t *buf = malloc(len);
-    errbuf err;
     if (!buf)
-        return;
+        return errbuf_set(err, "%s: out of memory", s->cfg.heat_path);
     uint32_t n = (uint32_t)s->bt.n;
     memcpy(buf, &n, 4);
     memcpy(buf + 4, s->heat, 4 * (size_t)s->bt.n);
-    if (file_write_atomic(s->cfg.heat_path, buf, len, &err) != 0)
-        fprintf(stderr, "deltafin: could not keep routing counts: %s\n", err.msg);
+    int rc = file_write_atomic(s->cfg.heat_path, buf, len, err);
     free(buf);
+    return rc;
 }
 
 static void name_of(const store *s, int b, char *buf, size_t cap)
@@ -136,6 +135,31 @@ static void name_of(const store *s, int b, char *buf, size_t cap)
         snprintf(buf, cap, "blob '%s' in %s", nm, s->file_path[x->copy[0].file]);
     else
         snprintf(buf, cap, "blob '%s'", nm);
+}
+
+/* slot k no longer holds anything (a failed read or checksum): a later request reads again */
+static void slot_drop(store *s, int k)
+{
+    slot *sl = &s->sl[k];
+    if (sl->blob >= 0)
+        s->blob_slot[sl->blob] = -1;
+    sl->blob = -1;
+    sl->state = S_EMPTY;
+    sl->bad = 0;
+    sl->prefetched = 0;
+}
+
+/* issue() failed after `submitted` of its reads went out: with none out the slot empties; else
+ * it stays LOADING, marked bad, until those land (their buffers are the slot's) */
+static int unissue(store *s, int k, int submitted)
+{
+    if (submitted == 0) {
+        slot_drop(s, k);
+        return -1;
+    }
+    s->sl[k].reads_left = submitted;
+    s->sl[k].bad = BAD_QUEUE;
+    return -1;
 }
 
 /* starts the reads of blob b into slot k */
@@ -165,16 +189,18 @@ static int issue(store *s, int k, int b, errbuf *err)
         int best = 0;
         double bt = 0;
         for (int c = 0; c < x->ncopies; c++) {
-            double t = io_expected(s->io, s->pack_drive[x->copy[c].file], pad4k(x->size));
+            double t = io_expected(s->io, s->pack_drive[x->copy[c].file], blob_padded(x->size));
             if (c == 0 || t < bt) {
                 bt = t;
                 best = c;
             }
         }
         sl->reads_left = 1;
-        s->st.bytes_read += pad4k(x->size);
-        return io_read(s->io, s->file_id[x->copy[best].file], x->copy[best].off, pad4k(x->size), dst, (uint64_t)k,
-                       err);
+        s->st.bytes_read += blob_padded(x->size);
+        if (io_read(s->io, s->file_id[x->copy[best].file], x->copy[best].off, blob_padded(x->size), dst, (uint64_t)k,
+                    err) != 0)
+            return unissue(s, k, 0);
+        return 0;
     }
     sl->reads_left = x->nparts; /* Hugging Face folder: tensor by tensor */
     for (int i = 0; i < x->nparts; i++) {
@@ -182,7 +208,7 @@ static int issue(store *s, int k, int b, errbuf *err)
         const st_tensor *t = &s->m->st.t[pt->tensor];
         s->st.bytes_read += pt->len;
         if (io_read(s->io, s->file_id[t->file], t->file_off, pt->len, dst + pt->off, (uint64_t)k, err) != 0)
-            return -1;
+            return unissue(s, k, i);
     }
     return 0;
 }
@@ -226,28 +252,19 @@ static int victim(store *s, int fresh_only)
 static void landed(store *s, int k, int ok)
 {
     slot *sl = &s->sl[k];
-    if (!ok)
-        sl->bad = 1;
+    if (!ok && !sl->bad)
+        sl->bad = BAD_READ;
     if (--sl->reads_left > 0)
         return;
     sl->state = S_READY;
     int b = sl->blob;
     const blob *x = &s->bt.b[b];
     if (!sl->bad && s->cfg.verify && x->ncopies > 0 && !s->verified[b]) {
-        uint64_t h = XXH3_64bits(slot_mem(s, k), x->size);
-        if (h != x->xxh3) {
-            char nm[1200];
-            name_of(s, b, nm, sizeof nm);
-            snprintf(s->errmsg, sizeof s->errmsg, "%s failed its checksum (xxh3 %016llx, manifest %016llx)", nm,
-                     (unsigned long long)h, (unsigned long long)x->xxh3);
-            sl->bad = 1;
-        } else {
+        sl->got = XXH3_64bits(slot_mem(s, k), x->size);
+        if (sl->got != x->xxh3)
+            sl->bad = BAD_SUM;
+        else
             s->verified[b] = 1;
-        }
-    } else if (sl->bad) {
-        char nm[1200];
-        name_of(s, b, nm, sizeof nm);
-        snprintf(s->errmsg, sizeof s->errmsg, "%s: read failed or came up short", nm);
     }
     for (int i = 0; i < s->n; i++)
         if (s->items_blob[i] == b && s->items_state[i] == R_LOADING)
@@ -263,11 +280,69 @@ static int reap(store *s, int wait, errbuf *err)
     return r;
 }
 
-static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
+static int bad_report(const store *s, int k, errbuf *err)
 {
-    store *s = ctx;
+    const slot *sl = &s->sl[k];
+    char nm[1200];
+    name_of(s, sl->blob, nm, sizeof nm);
+    if (sl->bad == BAD_SUM)
+        errbuf_set(err, "%s failed its checksum (xxh3 %016llx, manifest %016llx)", nm, (unsigned long long)sl->got,
+                   (unsigned long long)s->bt.b[sl->blob].xxh3);
+    else if (sl->bad == BAD_QUEUE)
+        errbuf_set(err, "%s: its reads could not all be queued", nm);
+    else
+        errbuf_set(err, "%s: read failed or came up short", nm);
+    return -1;
+}
+
+/* unpins what the current request holds and did not hand over */
+static void request_close(store *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        int k = s->items_state[i] == R_LOADING || s->items_state[i] == R_READY ? s->blob_slot[s->items_blob[i]] : -1;
+        if (k >= 0 && s->sl[k].pins > 0)
+            s->sl[k].pins--;
+        s->items_state[i] = R_RETURNED;
+    }
+    s->n = s->returned = 0;
+}
+
+/* after a failed load: the request is over, reads still in flight land, and every slot whose
+ * load failed is forgotten, so the next request reads those blobs again */
+static void request_abandon(store *s)
+{
+    request_close(s);
+    errbuf ignored;
+    while (io_pending(s->io) > 0 && reap(s, 1, &ignored) == 1) {
+    }
+    for (int k = 0; k < s->nslots; k++)
+        if (s->sl[k].bad && s->sl[k].state == S_READY && s->sl[k].pins == 0)
+            slot_drop(s, k);
+}
+
+/* gives waiting item i a slot and starts its read: 1 started, 0 no slot free yet, -1 error */
+static int start_item(store *s, int i, errbuf *err)
+{
+    int v = victim(s, 0);
+    if (v < 0)
+        return 0;
+    if (issue(s, v, s->items_blob[i], err) != 0) {
+        if (s->sl[v].blob == s->items_blob[i]) { /* reads in flight: the slot is this item's */
+            s->sl[v].pins++;
+            s->items_state[i] = R_LOADING;
+        }
+        return -1;
+    }
+    s->sl[v].pins++;
+    s->items_state[i] = R_LOADING;
+    return 1;
+}
+
+static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err)
+{
+    request_close(s); /* a request abandoned part-way (its pass failed) still pins some slots */
     s->layer = layer;
-    s->n = n;
+    s->n = 0;
     s->returned = 0;
     for (int i = 0; i < n; i++) {
         int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
@@ -275,9 +350,15 @@ static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
             return errbuf_set(err, "layer %d expert %d is not in the store", layer, ids[i]);
         s->ids[i] = ids[i];
         s->items_blob[i] = b;
+        s->items_state[i] = R_WAIT;
+        s->n = i + 1;
         s->heat[b]++;
         s->st.requests++;
         int k = s->blob_slot[b];
+        if (k >= 0 && s->sl[k].state == S_READY && s->sl[k].bad && s->sl[k].pins == 0) {
+            slot_drop(s, k); /* a load that failed earlier (never handed over): read it again */
+            k = -1;
+        }
         if (k >= 0) {
             slot *sl = &s->sl[k];
             sl->pins++;
@@ -294,21 +375,14 @@ static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
         }
         s->st.misses++;
         s->st.bytes_needed += s->bt.b[b].size;
-        s->items_state[i] = R_WAIT;
-        int v = victim(s, 0);
-        if (v >= 0) {
-            s->sl[v].pins++;
-            if (issue(s, v, b, err) != 0)
-                return -1;
-            s->items_state[i] = R_LOADING;
-        }
+        if (start_item(s, i, err) < 0)
+            return -1;
     }
     return 0;
 }
 
-static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
+static int next_item(store *s, int *id, mlp_w *mats, errbuf *err)
 {
-    store *s = ctx;
     for (;;) {
         if (s->returned == s->n)
             return 0;
@@ -316,8 +390,8 @@ static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
             if (s->items_state[i] != R_READY)
                 continue;
             int k = s->blob_slot[s->items_blob[i]];
-            if (s->sl[k].bad)
-                return errbuf_set(err, "%s", s->errmsg);
+            if (s->sl[k].bad) /* reported; the caller forgets the slot so a later request reads again */
+                return bad_report(s, k, err);
             s->items_state[i] = R_RETURNED;
             s->returned++;
             *id = s->ids[i];
@@ -327,13 +401,11 @@ static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
         for (int i = 0; i < s->n; i++) { /* items waiting for a slot */
             if (s->items_state[i] != R_WAIT)
                 continue;
-            int v = victim(s, 0);
-            if (v < 0)
-                break;
-            s->sl[v].pins++;
-            if (issue(s, v, s->items_blob[i], err) != 0)
+            int r = start_item(s, i, err);
+            if (r < 0)
                 return -1;
-            s->items_state[i] = R_LOADING;
+            if (r == 0)
+                break;
         }
         double t0 = timer_now();
         int r = reap(s, 1, err);
@@ -341,15 +413,39 @@ static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
         if (r < 0)
             return -1;
         if (r == 0 && io_pending(s->io) == 0) {
-            int waiting = 0;
-            for (int i = 0; i < s->n; i++)
+            int waiting = 0, loading = 0;
+            for (int i = 0; i < s->n; i++) {
                 waiting += s->items_state[i] == R_WAIT;
+                loading += s->items_state[i] == R_LOADING;
+            }
+            if (loading) /* nothing in flight can finish them: a bookkeeping fault, not a hang */
+                return errbuf_set(err, "expert cache: layer %d has %d experts loading with no read in flight",
+                                  s->layer, loading);
             if (waiting)
                 return errbuf_set(err, "expert cache: %d slots are all pinned; the RAM budget is too small for "
                                        "this pass",
                                   s->nslots);
         }
     }
+}
+
+/* Any failure ends the request: see request_abandon. */
+static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
+{
+    store *s = ctx;
+    if (begin_request(s, layer, ids, n, err) == 0)
+        return 0;
+    request_abandon(s);
+    return -1;
+}
+
+static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
+{
+    store *s = ctx;
+    int r = next_item(s, id, mats, err);
+    if (r < 0)
+        request_abandon(s);
+    return r;
 }
 
 static void xs_release(void *ctx, int layer, int id)
@@ -416,7 +512,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         store_free(s);
         return errbuf_set(err, "%s: the model has no routed experts to stream", m->dir);
     }
-    s->slot_bytes = pad4k(s->bt.max_expert);
+    s->slot_bytes = blob_padded(s->bt.max_expert);
     uint64_t slots = cfg->ram_budget / s->slot_bytes;
     if (slots < 2) {
         store_free(s);
@@ -492,8 +588,6 @@ void store_free(store *s)
 {
     if (!s)
         return;
-    if (s->heat && s->bt.n)
-        heat_save(s);
     /* reads still in flight land in slot memory: wait for them before it goes */
     errbuf err;
     uint64_t tag;
@@ -532,40 +626,47 @@ void store_stats_reset(store *s)
 
 int store_verify_all(store *s, errbuf *err)
 {
+    /* every copy of every blob, read through slot k in slot-sized pieces (spine blobs can be
+     * larger than a slot) and hashed as a stream */
+    int k = victim(s, 0), rc = -1;
+    if (k < 0)
+        return errbuf_set(err, "verify: no free slot");
+    slot_drop(s, k);
+    s->sl[k].pins++; /* keep it out of victim() while it is borrowed */
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) {
+        errbuf_set(err, "verify: out of memory");
+        goto out;
+    }
     for (int b = 0; b < s->bt.n; b++) {
         const blob *x = &s->bt.b[b];
         for (int c = 0; c < x->ncopies; c++) {
-            int k = victim(s, 0);
-            if (k < 0)
-                return errbuf_set(err, "verify: no free slot");
-            if (s->sl[k].blob >= 0)
-                s->blob_slot[s->sl[k].blob] = -1;
-            s->sl[k].blob = -1;
-            if (pad4k(x->size) > s->slot_bytes) /* spine blobs can be larger than a slot: hash the mapping */
-            {
-                const st_tensor *t0 = &s->m->st.t[s->bt.part[x->first_part].tensor];
-                const uint8_t *img = t0->data - s->bt.part[x->first_part].off;
-                if (c == 0 && XXH3_64bits(img, x->size) != x->xxh3) {
-                    char nm[1200];
-                    name_of(s, b, nm, sizeof nm);
-                    return errbuf_set(err, "%s failed its checksum", nm);
+            XXH3_64bits_reset(h);
+            for (uint64_t off = 0; off < x->size; off += s->slot_bytes) {
+                uint64_t len = x->size - off < s->slot_bytes ? x->size - off : s->slot_bytes;
+                uint64_t tag;
+                int ok;
+                if (io_read(s->io, s->file_id[x->copy[c].file], x->copy[c].off + off, blob_padded(len), slot_mem(s, k),
+                            (uint64_t)k, err) != 0)
+                    goto out;
+                if (io_reap(s->io, &tag, &ok, 1, err) != 1 || !ok) {
+                    errbuf_set(err, "verify: read of %s at byte %llu failed", s->file_path[x->copy[c].file],
+                               (unsigned long long)(x->copy[c].off + off));
+                    goto out;
                 }
-                continue;
+                XXH3_64bits_update(h, slot_mem(s, k), len);
             }
-            if (io_read(s->io, s->file_id[x->copy[c].file], x->copy[c].off, pad4k(x->size), slot_mem(s, k),
-                        (uint64_t)k, err) != 0)
-                return -1;
-            uint64_t tag;
-            int ok;
-            if (io_reap(s->io, &tag, &ok, 1, err) != 1 || !ok)
-                return errbuf_set(err, "verify: read of %s failed", s->file_path[x->copy[c].file]);
-            if (XXH3_64bits(slot_mem(s, k), x->size) != x->xxh3) {
+            if (XXH3_64bits_digest(h) != x->xxh3) {
                 char nm[64];
                 blob_name(x, nm, sizeof nm);
-                return errbuf_set(err, "blob '%s' copy %d in %s failed its checksum", nm, c,
-                                  s->file_path[x->copy[c].file]);
+                errbuf_set(err, "blob '%s' copy %d in %s failed its checksum", nm, c, s->file_path[x->copy[c].file]);
+                goto out;
             }
         }
     }
-    return 0;
+    rc = 0;
+out:
+    XXH3_freeState(h);
+    s->sl[k].pins--;
+    return rc;
 }

@@ -57,6 +57,7 @@ struct io_engine {
     piece *pc;
     job *jb;
     int free_piece, free_job;
+    int pieces_free; /* length of the free_piece list */
     int jobs_live;
     drive dr[IO_MAX_DRIVES];
     int *held;              /* pieces done by the backend, waiting for their emulated time */
@@ -189,6 +190,7 @@ io_engine *io_new(const io_cfg *c, errbuf *err)
     }
     for (int i = 0; i < MAX_PIECES; i++)
         e->pc[i].next = i + 1 < MAX_PIECES ? i + 1 : -1;
+    e->pieces_free = MAX_PIECES;
     for (int i = 0; i < MAX_JOBS; i++)
         e->jb[i].next = i + 1 < MAX_JOBS ? i + 1 : -1;
     for (int d = 0; d < IO_MAX_DRIVES; d++)
@@ -355,6 +357,9 @@ int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint6
     uint64_t npieces = len ? (len + e->cfg.chunk - 1) / e->cfg.chunk : 1;
     if (e->free_job < 0 || e->free_job >= MAX_JOBS)
         return errbuf_set(err, "io: more than %d reads in flight", MAX_JOBS);
+    if (npieces > (uint64_t)e->pieces_free) /* checked before anything is queued: no half jobs */
+        return errbuf_set(err, "io: a %llu-byte read needs %llu requests; %d are free of %d",
+                          (unsigned long long)len, (unsigned long long)npieces, e->pieces_free, MAX_PIECES);
     int j = e->free_job;
     e->free_job = e->jb[j].next;
     e->jb[j] = (job){tag, (int)npieces, 1, -1};
@@ -362,11 +367,10 @@ int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint6
     int d = e->fdrive[file];
     drive *dv = &e->dr[d];
     for (uint64_t k = 0; k < npieces; k++) {
-        if (e->free_piece < 0 || e->free_piece >= MAX_PIECES)
-            return errbuf_set(err, "io: more than %d requests in flight", MAX_PIECES);
         int id = e->free_piece;
         piece *p = &e->pc[id];
         e->free_piece = p->next;
+        e->pieces_free--;
         uint64_t o = k * e->cfg.chunk, l = len - o < e->cfg.chunk ? len - o : e->cfg.chunk;
         *p = (piece){j, file, d, off + o, l, (char *)buf + o, 0, 0, 0, -1};
         if (dv->q_tail >= 0)
@@ -403,6 +407,7 @@ static void finish_piece(io_engine *e, int id)
         e->done_jobs[e->ndone++] = p->job;
     p->next = e->free_piece;
     e->free_piece = id;
+    e->pieces_free++;
 }
 
 static void backend_done(io_engine *e, int id, int ok)

@@ -54,6 +54,9 @@ typedef struct store store;
 int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *info, const store_cfg *cfg,
                errbuf *err);
 void store_free(store *s);
+/* Writes the routing counts to cfg.heat_path (temp + rename), when one was given, so the next
+ * run's eviction starts from them. */
+int store_heat_save(const store *s, errbuf *err);
 const expert_src *store_experts(store *s);
 int store_slots(const store *s);
 uint64_t store_slot_bytes(const store *s);
@@ -62,7 +65,8 @@ void store_stats_get(const store *s, store_stats *out);
 void store_stats_reset(store *s);
 io_engine *store_io(store *s);
 int store_ndrives(const store *s);
-/* Reads every blob once and checks its xxh3 (DFSP; doctor). Returns -1 naming the first bad blob. */
+/* Reads every copy of every blob and checks its xxh3 (DFSP; doctor). Returns -1 naming the first
+ * bad one. */
 int store_verify_all(store *s, errbuf *err);
 
 /* Parses "64G", "512M", "1.5T", "123456" into bytes. */
