@@ -174,15 +174,23 @@ static void flip_byte(const char *path, uint64_t off)
     fclose(f);
 }
 
-TEST(store_flipped_byte_is_named)
+/* models/default prepared into a fresh store *dst (in the test folder, named `name`) and opened */
+static void prepare_open(char **dst, const char *name, int ndrives, int mirrors, model *dm, blob_table *bt,
+                         dfsp_info *info)
 {
     errbuf err;
-    char *dst = dir_in_tmp("flip");
-    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
+    *dst = dir_in_tmp(name);
+    CHECKF(prepare("models/default", *dst, ndrives, mirrors, &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(*dst, dm, bt, info, &err) == 0, "%s", err.msg);
+}
+
+TEST(store_flipped_byte_is_named)
+{
     model dm;
     blob_table bt;
     dfsp_info info;
-    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    char *dst;
+    prepare_open(&dst, "flip", 1, 1, &dm, &bt, &info);
     /* flip one byte in the middle of layer 1's expert 0 */
     int b = bt.expert_blob[1 * bt.n_experts + 0];
     uint64_t off = bt.b[b].copy[0].off + bt.b[b].size / 2;
@@ -212,15 +220,14 @@ TEST(store_flipped_byte_is_named)
 TEST(store_recovers_after_a_failed_load)
 {
     errbuf err;
-    char *dst = dir_in_tmp("recover");
-    CHECKF(prepare("models/default", dst, 1, 1, &err) == 0, "%s", err.msg);
     model ref_m, dm;
     blob_table bt;
     dfsp_info info;
     CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
     float *ref = run(&ref_m, NULL, NIDS, &err);
     CHECKF(ref, "%s", err.msg);
-    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    char *dst;
+    prepare_open(&dst, "recover", 1, 1, &dm, &bt, &info);
     /* one flipped byte in every expert of layer 1: the first token fails there */
     char pack[1024];
     uint64_t off[512];
@@ -259,13 +266,11 @@ TEST(store_recovers_after_a_failed_load)
 /* doctor reads every copy: a flipped byte in the second copy of a spine blob is found */
 TEST(store_doctor_checks_mirrors)
 {
-    errbuf err;
-    char *dst = dir_in_tmp("mirror");
-    CHECKF(prepare("models/default", dst, 2, 2, &err) == 0, "%s", err.msg);
     model dm;
     blob_table bt;
     dfsp_info info;
-    CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    char *dst;
+    prepare_open(&dst, "mirror", 2, 2, &dm, &bt, &info);
     int b = -1;
     for (int i = 0; i < bt.n && b < 0; i++)
         if (bt.b[i].kind == BLOB_SPINE && bt.b[i].ncopies == 2)

@@ -121,11 +121,13 @@ int file_write_atomic(const char *path, const void *data, size_t len, errbuf *er
     return 0;
 }
 
-int file_pread_full(int fd, void *buf, size_t len, uint64_t off)
+/* the whole of [off, off + len) read or written, through short transfers and EINTR */
+static int full_io(int fd, void *buf, size_t len, uint64_t off, int write)
 {
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+    size_t done = 0;
+    while (done < len) {
+        char *p = (char *)buf + done;
+        ssize_t r = write ? pwrite(fd, p, len - done, (off_t)(off + done)) : pread(fd, p, len - done, (off_t)(off + done));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
@@ -133,26 +135,16 @@ int file_pread_full(int fd, void *buf, size_t len, uint64_t off)
                 errno = EIO;
             return -1;
         }
-        got += (size_t)r;
+        done += (size_t)r;
     }
     return 0;
 }
 
+int file_pread_full(int fd, void *buf, size_t len, uint64_t off) { return full_io(fd, buf, len, off, 0); }
+
 int file_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 {
-    size_t put = 0;
-    while (put < len) {
-        ssize_t r = pwrite(fd, (const char *)buf + put, len - put, (off_t)(off + put));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            if (r == 0)
-                errno = EIO;
-            return -1;
-        }
-        put += (size_t)r;
-    }
-    return 0;
+    return full_io(fd, (void *)buf, len, off, 1);
 }
 
 int file_exists(const char *path)

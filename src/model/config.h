@@ -34,5 +34,8 @@ int fam_bind_mlp(model *m, mlp_w *w, int inter, int width, errbuf *err, const ch
 /* Routed experts under prefix p ("...mlp."): per-expert experts.{e}.{gate,up,down}_proj, or the
  * fused 3-D experts.gate_up_proj [E, 2I, D] (gate rows first) + experts.down_proj [E, D, I]. */
 int fam_bind_experts(model *m, const char *p, moe_w *moe, int width, errbuf *err);
+/* The token embedding and final norm under `base` ("...model."), and the output head under
+ * `prefix` ("...lm_head"), or the embedding itself when tied and absent. */
+int fam_bind_globals(model *m, const char *base, const char *prefix, errbuf *err);
 
 #endif

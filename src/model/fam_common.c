@@ -85,3 +85,16 @@ int fam_bind_experts(model *m, const char *p, moe_w *moe, int width, errbuf *err
         m->max_cols = (size_t)I;
     return 0;
 }
+
+int fam_bind_globals(model *m, const char *base, const char *prefix, errbuf *err)
+{
+    const hparams *hp = &m->hp;
+    int H = hp->hidden;
+    if (model_mat(m, &m->embed, hp->vocab, H, err, "%sembed_tokens", base) ||
+        model_vec(m, &m->final_norm, H, 0, err, "%snorm.weight", base))
+        return -1;
+    if (model_has(m, "%slm_head.weight", prefix) || !hp->tie_embeddings)
+        return model_mat(m, &m->lm_head, hp->vocab, H, err, "%slm_head", prefix);
+    m->lm_head = m->embed;
+    return 0;
+}

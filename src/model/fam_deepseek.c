@@ -99,13 +99,7 @@ static int deepseek_bind(model *m, const char *prefix, errbuf *err)
                                              "shared_experts.up_proj", "shared_experts.down_proj"))
             return -1;
     }
-    if (model_mat(m, &m->embed, hp->vocab, H, err, "%sembed_tokens", base) ||
-        model_vec(m, &m->final_norm, H, 0, err, "%snorm.weight", base))
-        return -1;
-    if (model_has(m, "%slm_head.weight", prefix) || !hp->tie_embeddings)
-        return model_mat(m, &m->lm_head, hp->vocab, H, err, "%slm_head", prefix);
-    m->lm_head = m->embed;
-    return 0;
+    return fam_bind_globals(m, base, prefix, err);
 }
 
 static const char *const deepseek_types[] = {"deepseek_v3", "kimi_k2", "kimi_k25", NULL};

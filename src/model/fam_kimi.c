@@ -244,8 +244,7 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
                                              "shared_experts.down_proj"))
             return -1;
     }
-    if (model_mat(m, &m->embed, hp->vocab, H, err, "%sembed_tokens", base) ||
-        model_vec(m, &m->final_norm, H, 0, err, "%snorm.weight", base))
+    if (fam_bind_globals(m, base, prefix, err))
         return -1;
     if (hp->attnres_block > 0) {
         char n[400], pj[400];
@@ -254,9 +253,6 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
         if (bind_attnres(m, &m->out_res_u, n, pj, err))
             return -1;
     }
-    if (model_has(m, "%slm_head.weight", prefix) || !hp->tie_embeddings)
-        return model_mat(m, &m->lm_head, hp->vocab, H, err, "%slm_head", prefix);
-    m->lm_head = m->embed;
     return 0;
 }
 

@@ -91,13 +91,7 @@ static int qwen3_bind(model *m, const char *prefix, errbuf *err)
             fam_bind_experts(m, q, &L->moe, H, err))
             return -1;
     }
-    if (model_mat(m, &m->embed, hp->vocab, H, err, "%sembed_tokens", base) ||
-        model_vec(m, &m->final_norm, H, 0, err, "%snorm.weight", base))
-        return -1;
-    if (model_has(m, "%slm_head.weight", prefix) || !hp->tie_embeddings)
-        return model_mat(m, &m->lm_head, hp->vocab, H, err, "%slm_head", prefix);
-    m->lm_head = m->embed;
-    return 0;
+    return fam_bind_globals(m, base, prefix, err);
 }
 
 static const char *const qwen3_types[] = {"qwen3", "qwen3_moe", NULL};
