@@ -6,7 +6,9 @@
 #   2. decode on a model ~3x the RAM budget, prefetch off/on, and `bench io` (no compute)
 #   3. the same model through plain mmap with the page cache limited to the same budget by a
 #      memory cgroup (how llama.cpp streams), when cgroup v1 memory is writable (root)
-#   4. emulated drives 1..4 of equal speed: the throughput ladder (bench io)
+#   2b. the trained default model streamed through a small cache: router lookahead, off vs on
+#   4. emulated drives 1..4 of equal speed: the throughput ladder (bench io), each layer read
+#      cold (prefetch off) and with the next layer's experts hinted (prefetch on)
 #   5. two mirrors of unequal speed vs the faster drive alone (bench io)
 set -euo pipefail
 W=${1:-/tmp/deltafin-bench}
@@ -23,6 +25,12 @@ for pf in off on; do
   echo "-- prefetch $pf"; $B run --model "$W/s1" --tokens $P --max-new 16 --print-ids --ram-budget 4G --prefetch $pf --stats 2>&1 | grep -v '^[0-9]'
 done
 echo "-- bench io (no compute)"; $B bench io --model "$W/s1" --ram-budget 4G --tokens 16 2>&1
+
+echo "== 2b. trained default model (models/default) as a DFSP store, --ram-budget 10M (~1/3 of its experts)"
+rm -rf "$W/def"; $B prepare --model models/default --out "$W/def" >/dev/null
+for pf in off on; do
+  echo "-- prefetch $pf"; $B run --model "$W/def" --prompt "def fibonacci(n):" --max-new 64 --ram-budget 10M --prefetch $pf --stats 2>&1 | grep -E '^\[stats\] (generated|experts|prefetch)'
+done
 
 CG=/sys/fs/cgroup/memory/deltafin-bench
 if [ -w /sys/fs/cgroup/memory ] && mkdir -p "$CG" 2>/dev/null; then
@@ -42,7 +50,9 @@ for n in 1 2 3 4; do
     $B prepare --model "$W/k3m4" --out "$W/L$n/store" --drives "${d#,}"
   fi
   emu=$(printf '800:100,%.0s' $(seq 1 $n)); emu=${emu%,}
-  echo "-- $n drive(s)"; $B bench io --model "$W/L$n/store" --ram-budget 3.2G --tokens 8 --emulate-drives "$emu" --drive-gbs $(echo "0.8 * $n" | bc -l) 2>&1 | grep -E '^bench io'
+  for pf in off on; do
+    echo "-- $n drive(s), prefetch $pf"; $B bench io --model "$W/L$n/store" --ram-budget 3.2G --tokens 8 --emulate-drives "$emu" --drive-gbs $(echo "0.8 * $n" | bc -l) --prefetch $pf 2>&1 | grep -E '^bench io'
+  done
 done
 
 echo "== 5. two mirrors, 1200 and 400 MB/s, vs the 1200 MB/s drive alone"

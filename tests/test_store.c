@@ -138,6 +138,10 @@ static void compare_all(const char *src)
         float *streamed = run(&dm, st, 5, &err);
         store_stats ss;
         store_stats_get(st, &ss);
+        /* registered slot memory (when the kernel allowed it) is what the reads went into */
+        const char *note = store_io_note(st);
+        CHECKF(!strstr(note, "registered") || strstr(note, "unregistered") || io_fixed_reads(store_io(st)) > 0,
+               "%s, yet no read used it", note);
         store_free(st);
         model_free(&dm);
         int ok = mapped && streamed && memcmp(mapped, ref, bytes) == 0 && memcmp(streamed, ref, bytes) == 0;

@@ -3,7 +3,9 @@
  * For each simulated token and each MoE layer it asks the store for top-k experts drawn at
  * random (seeded), exactly as the MoE block does (begin / next / release), and discards them:
  * what remains is the cache, the read engine and the drives. Reports GB/s delivered and its ratio
- * to a bandwidth given with --drive-gbs (doctor's measurement, or N x an emulated drive). */
+ * to a bandwidth given with --drive-gbs (doctor's measurement, or N x an emulated drive).
+ * With --prefetch on, each layer's experts are hinted while the layer before is read: a router
+ * lookahead that is always right, the upper bound of what prefetch can do for the I/O. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +18,27 @@ static const char *HELP =
     "usage: deltafin bench io --model STORE --ram-budget BYTES [--tokens N] [--seed S] [--drive-gbs G]\n"
     "                         [--emulate-drives ...] [--prefetch on|off] [--io uring|pread]\n"
     "Streams top-k random experts per MoE layer per token through the store without computing,\n"
-    "and prints the delivered GB/s (and its ratio to --drive-gbs when given).\n";
+    "and prints the delivered GB/s (and its ratio to --drive-gbs when given). --prefetch on hints\n"
+    "each layer's experts while the previous layer is read (a lookahead that is always right).\n";
+
+/* K distinct experts of E, ascending (the order the MoE block asks in) */
+static void draw(rng *r, int E, int K, int *ids)
+{
+    int n = 0;
+    while (n < K) {
+        int x = (int)(rng_next(r) % (uint64_t)E), dup = 0;
+        for (int j = 0; j < n; j++)
+            dup |= ids[j] == x;
+        if (!dup)
+            ids[n++] = x;
+    }
+    for (int a = 1; a < n; a++)
+        for (int c = a; c > 0 && ids[c] < ids[c - 1]; c--) {
+            int tmp = ids[c];
+            ids[c] = ids[c - 1];
+            ids[c - 1] = tmp;
+        }
+}
 
 int cmd_bench(int argc, char **argv)
 {
@@ -72,7 +94,8 @@ int cmd_bench(int argc, char **argv)
     }
     const hparams *hp = &e.m.hp;
     const expert_src *xs = store_experts(e.store);
-    int K = hp->top_k, E = hp->n_experts, *ids = malloc(sizeof(int) * (size_t)K), rc = 1;
+    int K = hp->top_k, E = hp->n_experts, L = hp->n_layers, rc = 1;
+    int *ids = malloc(sizeof(int) * (size_t)K * (size_t)L); /* [layer][K]: this token's and the next's */
     if (!ids) {
         errbuf_set(&err, "out of memory");
         goto out;
@@ -81,32 +104,26 @@ int cmd_bench(int argc, char **argv)
     rng_seed(&r, (uint64_t)seed);
     double t0 = timer_now();
     for (long t = 0; t < tokens; t++) {
+        for (int l = 0; l < L; l++)
+            draw(&r, E, K, ids + (size_t)l * K);
         xs->pass_begin(xs->ctx, 1);
-        for (int l = 0; l < hp->n_layers; l++) {
+        for (int l = 0; l < L; l++) {
             if (hp->ffn_kind[l] != FFN_MOE)
                 continue;
-            int n = 0;
-            while (n < K) { /* K distinct experts, ascending */
-                int x = (int)(rng_next(&r) % (uint64_t)E), dup = 0;
-                for (int j = 0; j < n; j++)
-                    dup |= ids[j] == x;
-                if (!dup)
-                    ids[n++] = x;
-            }
-            for (int a = 1; a < n; a++)
-                for (int c = a; c > 0 && ids[c] < ids[c - 1]; c--) {
-                    int tmp = ids[c];
-                    ids[c] = ids[c - 1];
-                    ids[c - 1] = tmp;
-                }
-            if (xs->begin(xs->ctx, l, ids, n, &err) != 0)
+            if (xs->begin(xs->ctx, l, ids + (size_t)l * K, K, &err) != 0)
                 goto out;
+            if (xs->prefetch)
+                for (int nl = l + 1; nl < L; nl++)
+                    if (hp->ffn_kind[nl] == FFN_MOE) {
+                        xs->prefetch(xs->ctx, nl, ids + (size_t)nl * K, K);
+                        break;
+                    }
             int id;
             mlp_w m;
-            for (int k = 0; k < n; k++) {
+            for (int k = 0; k < K; k++) {
                 int got = xs->next(xs->ctx, &id, &m, &err);
                 if (got == 0)
-                    errbuf_set(&err, "layer %d: the store handed over %d of %d experts", l, k, n);
+                    errbuf_set(&err, "layer %d: the store handed over %d of %d experts", l, k, K);
                 if (got != 1)
                     goto out;
                 xs->release(xs->ctx, l, id);

@@ -52,7 +52,8 @@ struct store {
     int *blob_slot;  /* [nblobs] */
     uint8_t *verified;
     uint32_t *heat;  /* [nblobs] routing counts */
-    uint64_t clock, pass_stamp;
+    uint64_t clock;
+    char io_note[300];  /* how reads are done (store_io_note) */
     /* the current request */
     int layer, n, returned;
     int *ids, *items_blob, *items_state;
@@ -214,10 +215,10 @@ static int issue(store *s, int k, int b, errbuf *err)
 }
 
 /* an unpinned, not loading slot to reuse: empty first, then the least routed expert, then the
- * least recently used. Prefetched experts not yet asked for are kept while anything else can go
- * (evicting one would read it twice in a pass); `fresh_only` (prefetch itself) also keeps the
- * slots the current pass has used. */
-static int victim_pass(store *s, int fresh_only, int spare_prefetched)
+ * least recently used. Experts prefetched and not yet asked for are kept while anything else can
+ * go (evicting one would read it twice in a pass); prefetch itself never takes them. Slots an
+ * earlier layer of this pass used may go: no pass asks for a blob twice. */
+static int victim_pass(store *s, int spare_prefetched)
 {
     int best = -1;
     for (int k = 0; k < s->nslots; k++) {
@@ -227,8 +228,6 @@ static int victim_pass(store *s, int fresh_only, int spare_prefetched)
         if (sl->blob < 0)
             return k;
         if (spare_prefetched && sl->prefetched)
-            continue;
-        if (fresh_only && sl->stamp >= s->pass_stamp)
             continue;
         if (best < 0)
             best = k;
@@ -241,10 +240,10 @@ static int victim_pass(store *s, int fresh_only, int spare_prefetched)
     return best;
 }
 
-static int victim(store *s, int fresh_only)
+static int victim(store *s, int for_prefetch)
 {
-    int k = victim_pass(s, fresh_only, 1);
-    return k >= 0 || fresh_only ? k : victim_pass(s, 0, 0);
+    int k = victim_pass(s, 1);
+    return k >= 0 || for_prefetch ? k : victim_pass(s, 0);
 }
 
 /* a finished read: the slot becomes ready once all its reads are in (and, the first time a
@@ -362,8 +361,9 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
         if (k >= 0) {
             slot *sl = &s->sl[k];
             sl->pins++;
-            if (sl->prefetched) {
+            if (sl->prefetched) { /* its read was needed after all */
                 s->st.prefetch_hits++;
+                s->st.bytes_needed += s->bt.b[b].size;
                 sl->prefetched = 0;
             }
             s->items_state[i] = sl->state == S_READY ? R_READY : R_LOADING;
@@ -472,6 +472,8 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
         int v = victim(s, 1);
         if (v < 0)
             return;
+        if (s->sl[v].blob >= 0 && s->heat[s->sl[v].blob] > 2 * s->heat[b] + 2)
+            continue; /* a guess does not displace an expert routed more often than it */
         if (issue(s, v, b, &err) != 0)
             return; /* a hint: the demand path will report real errors */
         s->sl[v].prefetched = 1;
@@ -485,7 +487,6 @@ static void xs_pass_begin(void *ctx, int tokens)
 {
     store *s = ctx;
     s->pass++;
-    s->pass_stamp = s->clock + 1;
     s->st.passes++;
     s->st.tokens += (uint64_t)tokens;
 }
@@ -568,6 +569,13 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         store_free(s);
         return -1;
     }
+    errbuf why;
+    if (strcmp(io_backend_name(s->io), "io_uring") != 0)
+        snprintf(s->io_note, sizeof s->io_note, "pread threads");
+    else if (io_register_memory(s->io, s->mem, s->mem_bytes, &why) == 0)
+        snprintf(s->io_note, sizeof s->io_note, "io_uring, slot memory registered");
+    else /* optional: reads work without it */
+        snprintf(s->io_note, sizeof s->io_note, "io_uring, unregistered buffers: %s", why.msg);
     int nfiles = s->dfsp ? info->npacks : m->st.nfiles;
     for (int i = 0; i < nfiles && i < 256; i++) {
         const char *p = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
@@ -616,6 +624,8 @@ uint64_t store_slot_bytes(const store *s) { return s->slot_bytes; }
 const blob_table *store_blobs(const store *s) { return &s->bt; }
 void store_stats_get(const store *s, store_stats *out) { *out = s->st; }
 io_engine *store_io(store *s) { return s->io; }
+const char *store_io_note(const store *s) { return s->io_note; }
+
 int store_ndrives(const store *s) { return s->ndrives; }
 
 void store_stats_reset(store *s)

@@ -47,6 +47,14 @@ io_engine *io_new(const io_cfg *c, errbuf *err);
 void io_free(io_engine *e);
 const char *io_backend_name(const io_engine *e);
 
+/* Registers [base, base + len) with io_uring (in regions of at most IO_REG_MAX bytes) so reads
+ * into it skip per-request page pinning. Optional: -1 with the reason (another backend, a
+ * memlock limit) leaves every read working as before. */
+#define IO_REG_MAX ((uint64_t)1 << 30)
+int io_register_memory(io_engine *e, void *base, uint64_t len, errbuf *err);
+/* Requests that used registered memory so far. */
+uint64_t io_fixed_reads(const io_engine *e);
+
 /* Opens path for reading on drive d; returns a file id (>= 0) or -1. */
 int io_open(io_engine *e, const char *path, int drive, int direct, errbuf *err);
 int io_is_direct(const io_engine *e, int file);

@@ -41,7 +41,7 @@ typedef struct store_stats {
     uint64_t passes, tokens;
     uint64_t requests, hits, misses;  /* expert requests of passes */
     uint64_t reads, bytes_read;       /* every read, prefetch included */
-    uint64_t bytes_needed;            /* images of the blobs passes missed */
+    uint64_t bytes_needed;            /* images of the blobs passes missed or used from prefetch */
     uint64_t prefetch_reads, prefetch_hits;
     uint64_t max_reads_blob_pass;     /* most reads of one blob within one pass */
     double stall_s;                   /* time passes waited for reads */
@@ -65,6 +65,8 @@ void store_stats_get(const store *s, store_stats *out);
 void store_stats_reset(store *s);
 io_engine *store_io(store *s);
 int store_ndrives(const store *s);
+/* How reads are done: the backend, and whether the slot memory is registered with io_uring. */
+const char *store_io_note(const store *s);
 /* Reads every copy of every blob and checks its xxh3 (DFSP; doctor). Returns -1 naming the first
  * bad one. */
 int store_verify_all(store *s, errbuf *err);
