@@ -12,7 +12,7 @@
 #   5. two mirrors of unequal speed vs the faster drive alone (bench io)
 set -euo pipefail
 W=${1:-/tmp/deltafin-bench}
-B=./deltafin
+B=${DELTAFIN:-./deltafin}
 mkdir -p "$W"
 echo "== machine"; nproc; free -g | head -2
 echo "== 1. doctor"; $B doctor --drives "$W" --size 8G --verbose
