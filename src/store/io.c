@@ -378,9 +378,11 @@ static int pump(io_engine *e, int d, errbuf *err)
                 if (io_uring_submit(&e->ring) < 0 || !(sqe = io_uring_get_sqe(&e->ring)))
                     return errbuf_set(err, "io: io_uring submission queue full");
             }
-            uint64_t at = (uint64_t)((uint8_t *)p->buf - e->reg_base);
-            int reg = e->nreg > 0 && (uint8_t *)p->buf >= e->reg_base && at < e->reg_len ? (int)(at / IO_REG_MAX) : -1;
-            if (reg >= 0 && (at + p->len - 1) / IO_REG_MAX == (uint64_t)reg && at + p->len <= e->reg_len) {
+            /* registered region holding the whole piece, if any */
+            uint64_t at = (uint64_t)((uintptr_t)p->buf - (uintptr_t)e->reg_base);
+            int inside = e->nreg > 0 && (uintptr_t)p->buf >= (uintptr_t)e->reg_base && at + p->len <= e->reg_len;
+            if (inside && at / IO_REG_MAX == (at + p->len - 1) / IO_REG_MAX) {
+                int reg = (int)(at / IO_REG_MAX);
                 io_uring_prep_read_fixed(sqe, e->fds[p->file], p->buf, (unsigned)p->len, p->off, reg);
                 e->fixed_reads++;
             } else {
