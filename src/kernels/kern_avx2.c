@@ -224,59 +224,8 @@ static void avx2_decode_rows(const kmat *w, int r0, int r1, float *out)
     }
 }
 
-static void avx2_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
-                        float *scratch)
-{
-    int n = w->cols, nib = w->fmt == WF_MXFP4 || w->fmt == WF_INT4G32;
-    if (nib)
-        pthread_once(&tab_once, tab_init);
-    if (T == 1) {
-        switch (w->fmt) {
-        case WF_F32:
-            rows_plain(WF_F32, w, r0, r1, x, y);
-            return;
-        case WF_BF16:
-            rows_plain(WF_BF16, w, r0, r1, x, y);
-            return;
-        case WF_F16:
-            rows_plain(WF_F16, w, r0, r1, x, y);
-            return;
-        case WF_FP8B128:
-            rows_plain(WF_FP8B128, w, r0, r1, x, y);
-            return;
-        case WF_MXFP4:
-            permute_nib(x, n, scratch);
-            rows_nib(WF_MXFP4, w, r0, r1, scratch, y);
-            return;
-        default:
-            permute_nib(x, n, scratch);
-            rows_nib(WF_INT4G32, w, r0, r1, scratch, y);
-            return;
-        }
-    }
-    float *row = scratch + (size_t)KERN_TB * n;
-    for (int t0 = 0; t0 < T; t0 += KERN_TB) {
-        int tb = T - t0 < KERN_TB ? T - t0 : KERN_TB;
-        const float *xs = x + (size_t)t0 * ldx;
-        size_t lds = ldx;
-        if (nib) {
-            for (int t = 0; t < tb; t++)
-                permute_nib(x + (size_t)(t0 + t) * ldx, n, scratch + (size_t)t * n);
-            xs = scratch;
-            lds = (size_t)n;
-        }
-        for (int r = r0; r < r1; r++) {
-            if (w->fmt == WF_MXFP4)
-                nib_decode_row(WF_MXFP4, w, r, row);
-            else if (w->fmt == WF_INT4G32)
-                nib_decode_row(WF_INT4G32, w, r, row);
-            else
-                decode_seq(w, r, row);
-            for (int t = 0; t < tb; t++)
-                y[(size_t)(t0 + t) * ldy + (size_t)(r - r0)] = avx2_dot(row, xs + (size_t)t * lds, n);
-        }
-    }
-}
+#define ISA_DOT avx2_dot
+#include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)
 {
@@ -322,7 +271,7 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
     }
 }
 
-static const kern_ops ops = {"avx2", avx2_matmul, avx2_dot, avx2_decode_rows, avx2_axpy, avx2_kda_step};
+static const kern_ops ops = {"avx2", isa_matmul, avx2_dot, avx2_decode_rows, avx2_axpy, avx2_kda_step};
 
 const kern_ops *kern_avx2(void)
 {
