@@ -29,6 +29,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from stio import st_load, st_save
 
@@ -43,7 +44,7 @@ def default_config():
         num_attention_heads=3, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=64, qk_rope_head_dim=32,
         v_head_dim=64,
         intermediate_size=512, first_k_dense_replace=1,
-        num_experts=64, num_experts_per_token=8, routed_expert_hidden_size=96, moe_intermediate_size=64,
+        num_experts=64, num_experts_per_token=8, routed_expert_hidden_size=96, moe_intermediate_size=128,
         num_shared_experts=2, attn_res_block_size=3, rms_norm_eps=1e-5,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,   # filled from the tokenizer
     )
@@ -308,6 +309,11 @@ def mxfp4_unpack(packed, scales):
 
 # ---------------------------------------------------------------------------------------------- MoE
 
+def _situ_weighted(a, b, w):
+    """a, b [n,E,I] gate/up of every expert, w [n,E] routing weights (0 where not chosen) -> [n,E,I]."""
+    return situ(a, b) * w.unsqueeze(-1).to(a.dtype)
+
+
 class Experts(nn.Module):
     def __init__(self, E, L, I):
         super().__init__()
@@ -358,7 +364,10 @@ class MoE(nn.Module):
         w1, w3, w2 = self.experts.weights()
         a = torch.einsum("nl,eil->nei", xl, w1.to(xl.dtype))
         b = torch.einsum("nl,eil->nei", xl, w3.to(xl.dtype))
-        act = situ(a, b) * dense_w.unsqueeze(-1).to(xl.dtype)
+        if torch.is_grad_enabled():     # recompute the elementwise SiTU in backward: its fp32 temporaries for
+            act = checkpoint(_situ_weighted, a, b, dense_w, use_reentrant=False)   # [n,E,I] x 7 layers fill a GPU
+        else:
+            act = _situ_weighted(a, b, dense_w)
         E, I, L = w1.shape
         y = act.reshape(-1, E * I) @ w2.to(xl.dtype).permute(0, 2, 1).reshape(E * I, L)
         r = self.routed_expert_up_proj(self.routed_expert_norm(y))
