@@ -40,5 +40,5 @@ fi
 [ "${1:-}" = "--deps-only" ] && exit 0
 
 make -j"$(nproc)"
-echo "setup: built ./deltafin; running the bundled default model (a 12.5M-parameter mini-K3, see README)"
+echo "setup: built ./deltafin; running the bundled default model (a 21.3M-parameter mini-K3, see README)"
 ./deltafin run --prompt "def fibonacci(n):" --max-new 48 --stats
