@@ -162,8 +162,11 @@ static void check_isa(const kern_ops *k)
         test_skip("instruction set not available on this CPU or build");
         return;
     }
-    static const int shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {7, 160}, {2, 224}, {9, 1056}, {130, 256}};
-    static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 200, 1000, 4099};
+    /* rows longer than kern_matmul.inc's MM_KB (4096) run in passes over row blocks of 16: the last
+     * pass may hold only a tail (4099, 4128) or several full passes precede it (8259, 12320) */
+    static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},
+                                    {2, 224},  {9, 1056},  {130, 256}, {19, 4128}, {2, 12320}};
+    static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 200, 1000, 4099, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         for (int T = 1; T <= 11; T += (T == 1 ? 2 : 8)) {
             if (fmt == WF_MXFP4 || fmt == WF_INT4G32) {

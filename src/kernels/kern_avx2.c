@@ -101,27 +101,46 @@ INLINE __m256 fp8_s256(const kmat *w, int r, int i)
     return _mm256_set1_ps(sc * 256.0f);
 }
 
-INLINE void rows_plain(int fmt, const kmat *w, int r0, int r1, const float *x, float *y)
+/* the 64 partial sums of kern.h for one row: lanes 8k..8k+7 in r[k] */
+typedef struct {
+    __m256 r[8];
+} acc_t;
+
+INLINE acc_t acc_zero(void)
 {
-    int n = w->cols;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *a = w->data + (size_t)r * w->row_bytes;
-        __m256 acc[8];
+    acc_t a;
+    for (int k = 0; k < 8; k++)
+        a.r[k] = _mm256_setzero_ps();
+    return a;
+}
+
+INLINE float acc_reduce(const acc_t *a)
+{
+    acc_t t = *a;
+    return reduce8(t.r);
+}
+
+/* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
+ * and c1 is one too or the row's end (only the last span has a tail). */
+INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *a, int pf)
+{
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    acc_t t = *a;
+    int i = c0, es = fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2;
+    for (; i + 64 <= c1; i += 64) {
+        if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
+            for (int l = 0; l < es; l++)
+                _mm_prefetch((const char *)(row + w->row_bytes + (size_t)i * es + 64 * l), _MM_HINT_T0);
+        __m256 s = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
         for (int k = 0; k < 8; k++)
-            acc[k] = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m256 s = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
-            for (int k = 0; k < 8; k++)
-                acc[k] = _mm256_fmadd_ps(ld_plain(fmt, a, i + 8 * k, s), _mm256_loadu_ps(x + i + 8 * k), acc[k]);
-        }
-        if (i < n) {
-            float t[64];
-            wfmt_table[fmt].decode(w, r, i, n, t);
-            tail_fma(t, x + i, n - i, acc);
-        }
-        y[r - r0] = reduce8(acc);
+            t.r[k] = _mm256_fmadd_ps(ld_plain(fmt, row, i + 8 * k, s), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
     }
+    if (i < c1) {
+        float d[64];
+        wfmt_table[fmt].decode(w, r, i, c1, d);
+        tail_fma(d, x + i, c1 - i, t.r);
+    }
+    *a = t;
 }
 
 /* ---- 4-bit formats in nibble lane order ---- */
@@ -167,23 +186,22 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
     v[3] = nib_sel(_mm256_srli_epi32(c1, 4), tlo, thi);
 }
 
-INLINE void rows_nib(int fmt, const kmat *w, int r0, int r1, const float *xp, float *y)
+/* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
+ * multiple of 64, c1 one too or the row's end. */
+INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *a, int pf)
 {
-    int n = w->cols;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
-        __m256 acc[8];
-        for (int k = 0; k < 8; k++)
-            acc[k] = _mm256_setzero_ps();
-        for (int i = 0; i < n; i += 32) {
-            __m256 v[4];
-            int base = (i / 32) % 2 * 4;
-            nib_group(fmt, a, s, i / 32, v);
-            for (int k = 0; k < 4; k++)
-                acc[base + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), acc[base + k]);
-        }
-        y[r - r0] = reduce8(acc);
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
+    acc_t t = *a;
+    for (int i = c0; i < c1; i += 32) {
+        if (pf && !(i & 127)) /* the next row's pass (see span_plain) */
+            _mm_prefetch((const char *)(row + w->row_bytes + (size_t)i / 2), _MM_HINT_T0);
+        __m256 v[4];
+        int base = (i / 32) % 2 * 4;
+        nib_group(fmt, row, s, i / 32, v);
+        for (int k = 0; k < 4; k++)
+            t.r[base + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[base + k]);
     }
+    *a = t;
 }
 
 INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)

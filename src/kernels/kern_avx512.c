@@ -5,8 +5,9 @@
  * exact scalar decoder into a zero-padded block and added with masked FMAs, so lanes past the end
  * are left untouched (not even +0 is added: that could flip the sign of a zero).
  *
- * T = 1 (decode) runs fused decode + FMA one row at a time (measured: interleaving two rows'
- * streams reads DRAM slower here, not faster). 4-bit formats use the nibble lane order of
+ * T = 1 (decode) runs fused decode + FMA, a row's columns in one sequential sweep (measured:
+ * interleaving two rows' streams reads DRAM slower here, not faster); long rows in passes of
+ * kern_matmul.inc's span so the activations stay in L1. 4-bit formats use the nibble lane order of
  * kern.h: a 32-column group's even columns (low nibbles) go to one zmm and its odd columns (high
  * nibbles) to the next, so one zero-extension and one shift index a 16-entry table, with the
  * activations permuted to match once per call. MXFP4 tables (E2M1 x 2^(s-127)) are precomputed
@@ -105,30 +106,37 @@ INLINE __m512 fp8_s256(const kmat *w, int r, int i)
     return _mm512_set1_ps(sc * 256.0f);
 }
 
-/* y[r - r0] for rows [r0, r1) of a plain-format matrix, T = 1. One row at a time: measured,
- * two interleaved row streams read DRAM ~25% slower on this class of machine. */
-INLINE void rows_plain(int fmt, const kmat *w, int r0, int r1, const float *x, float *y)
+/* the 64 partial sums of kern.h for one row: lanes 16k..16k+15 in z[k] */
+typedef struct {
+    __m512 z[4];
+} acc_t;
+
+INLINE acc_t acc_zero(void) { return (acc_t){{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}}; }
+INLINE float acc_reduce(const acc_t *a) { return reduce4(a->z[0], a->z[1], a->z[2], a->z[3]); }
+
+/* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
+ * and c1 is one too or the row's end (only the last span has a tail); pf: prefetch row r + 1's
+ * same columns (see kern_matmul.inc). */
+INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *acc, int pf)
 {
-    int n = w->cols;
-    __m512 one = _mm512_set1_ps(1.0f);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *a = w->data + (size_t)r * w->row_bytes;
-        __m512 z0 = _mm512_setzero_ps(), z1 = z0, z2 = z0, z3 = z0;
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m512 sa = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : one;
-            z0 = _mm512_fmadd_ps(ld_plain(fmt, a, i, sa), _mm512_loadu_ps(x + i), z0);
-            z1 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 16, sa), _mm512_loadu_ps(x + i + 16), z1);
-            z2 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 32, sa), _mm512_loadu_ps(x + i + 32), z2);
-            z3 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 48, sa), _mm512_loadu_ps(x + i + 48), z3);
-        }
-        __m512 z[4] = {z0, z1, z2, z3};
-        if (i < n) {
-            float t[64];
-            wfmt_table[fmt].decode(w, r, i, n, t);
-            tail_fma(t, x + i, n - i, z);
-        }
-        y[r - r0] = reduce4(z[0], z[1], z[2], z[3]);
+    const uint8_t *a = w->data + (size_t)r * w->row_bytes;
+    __m512 one = _mm512_set1_ps(1.0f), z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
+    int i = c0, es = fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2;
+    for (; i + 64 <= c1; i += 64) {
+        if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
+            for (int l = 0; l < es; l++)
+                _mm_prefetch((const char *)(a + w->row_bytes + (size_t)i * es + 64 * l), _MM_HINT_T0);
+        __m512 sa = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : one;
+        z0 = _mm512_fmadd_ps(ld_plain(fmt, a, i, sa), _mm512_loadu_ps(x + i), z0);
+        z1 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 16, sa), _mm512_loadu_ps(x + i + 16), z1);
+        z2 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 32, sa), _mm512_loadu_ps(x + i + 32), z2);
+        z3 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 48, sa), _mm512_loadu_ps(x + i + 48), z3);
+    }
+    *acc = (acc_t){{z0, z1, z2, z3}};
+    if (i < c1) {
+        float t[64];
+        wfmt_table[fmt].decode(w, r, i, c1, t);
+        tail_fma(t, x + i, c1 - i, acc->z);
     }
 }
 
@@ -176,29 +184,29 @@ INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
     }
 }
 
-/* T = 1 rows [r0, r1), one row at a time: xp is x in lane order */
-INLINE void rows_nib(int fmt, const kmat *w, int r0, int r1, const float *xp, float *y)
+/* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
+ * multiple of 64, c1 one too or the row's end (which may leave one 32-column group: lanes 0-31). */
+INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *acc, int pf)
 {
-    int n = w->cols;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *a = w->data + (size_t)r * w->row_bytes, *sa = nib_srow(w, r);
-        __m512 z0 = _mm512_setzero_ps(), z1 = z0, z2 = z0, z3 = z0, e, o;
-        int i = 0;
-        for (; i + 64 <= n; i += 64) {
-            nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
-            z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
-            z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
-            nib_group(a + i / 2 + 16, nib_table(fmt, sa, i / 32 + 1), &e, &o);
-            z2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i + 32), z2);
-            z3 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 48), z3);
-        }
-        if (i < n) { /* one 32-column group left: lanes 0-31 */
-            nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
-            z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
-            z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
-        }
-        y[r - r0] = reduce4(z0, z1, z2, z3);
+    const uint8_t *a = w->data + (size_t)r * w->row_bytes, *sa = nib_srow(w, r);
+    __m512 z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3], e, o;
+    int i = c0;
+    for (; i + 64 <= c1; i += 64) {
+        if (pf && !(i & 127)) /* the next row's pass (see span_plain) */
+            _mm_prefetch((const char *)(a + w->row_bytes + (size_t)i / 2), _MM_HINT_T0);
+        nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
+        z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
+        z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
+        nib_group(a + i / 2 + 16, nib_table(fmt, sa, i / 32 + 1), &e, &o);
+        z2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i + 32), z2);
+        z3 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 48), z3);
     }
+    if (i < c1) {
+        nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
+        z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
+        z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
+    }
+    *acc = (acc_t){{z0, z1, z2, z3}};
 }
 
 /* ---- entry points ---- */
