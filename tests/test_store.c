@@ -4,7 +4,8 @@
  * without mirrors, prefetch on and off, emulated drives. Each needed blob is read at most once
  * per pass. A flipped byte is an error naming the blob and pack; a truncated pack is an error;
  * prepare interrupted midway completes on a rerun and verifies; a store refuses another model; a
- * failed load is recoverable; doctor checks mirrors; the router lookahead's guesses are mostly used. */
+ * failed load is recoverable; doctor checks mirrors; the router lookahead's guesses are mostly used;
+ * each drive is read with the depth and request size doctor measured for it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,7 +418,7 @@ TEST(store_cli_options)
              "500:100,300:200 --prefetch off --io pread --stats",
              tu_bin(), dst);
     CHECK(tu_run(cmd, streamed, sizeof streamed) == 0);
-    CHECKF(strstr(streamed, "[stats] store: DFSP") && strstr(streamed, "drive 1 (pread)"), "%s", streamed);
+    CHECKF(strstr(streamed, "[stats] store: DFSP") && strstr(streamed, "drive 1 (pread, depth "), "%s", streamed);
     /* the routing counts are kept for the next run's eviction: a count per blob */
     char heat[4200];
     snprintf(heat, sizeof heat, "%s/heat.bin", dst);
@@ -431,4 +432,91 @@ TEST(store_cli_options)
     snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 10M --emulate-drives 5x", tu_bin(),
              dst);
     CHECKF(tu_run(cmd, out, sizeof out) == 1 && strstr(out, "--emulate-drives"), "%s", out);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECKF(f && fputs(text, f) >= 0, "%s", path);
+    fclose(f);
+}
+
+/* each drive is read with its own request size and depth, from the tuning file doctor leaves in
+ * its folder; a malformed file is an error naming it; the logits do not change */
+TEST(store_drive_tuning_is_used)
+{
+    errbuf err;
+    char *dst, d0[4200], d1[4200], tf[4300];
+    model dm;
+    blob_table bt;
+    dfsp_info info;
+    prepare_open(&dst, "store-tuned", 2, 1, &dm, &bt, &info);
+    snprintf(d0, sizeof d0, "%s-drive0", dst);
+    snprintf(d1, sizeof d1, "%s-drive1", dst);
+    io_cfg c;
+    io_cfg_default(&c);
+    CHECK(io_tune_load(&c, 1, d1, &err) == 0); /* never measured: the defaults */
+    snprintf(tf, sizeof tf, "%s/%s", d1, IO_TUNE_FILE);
+    write_text(tf, "{\"request_bytes\": 5000, \"depth\": 2}");
+    CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, tf) && strstr(err.msg, "request_bytes"), "%s",
+           err.msg);
+    write_text(tf, "{\"request_bytes\": 65536, \"depth\": 0}");
+    CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'depth'"), "%s", err.msg);
+    write_text(tf, "{\"request_bytes\": 65536,");
+    CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, tf), "%s", err.msg);
+    /* a store whose drive folder holds a malformed tuning file does not open */
+    blob_table bt2;
+    CHECKF(blob_table_build(&bt2, &dm, &err) == 0, "%s", err.msg);
+    store *bad = open_store(&dm, &info, &bt2, 3, 0, NULL, &err);
+    CHECKF(!bad && strstr(err.msg, IO_TUNE_FILE), "opened with a malformed %s (%s)", tf, bad ? "" : err.msg);
+    store_free(bad);
+    unlink(tf);
+    CHECKF(io_tune_save(d0, 8192, 2, 1.0, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
+    float *ref = run(&dm, NULL, NIDS, &err);
+    store *st = open_store(&dm, &info, &bt, 3, 0, NULL, &err);
+    CHECKF(ref && st, "%s", err.msg);
+    io_engine *io = store_io(st);
+    CHECKF(io_drive_depth(io, 0) == 2 && io_drive_chunk(io, 0) == 8192, "drive 0: depth %d x %llu",
+           io_drive_depth(io, 0), (unsigned long long)io_drive_chunk(io, 0));
+    CHECKF(io_drive_depth(io, 1) == 4 && io_drive_chunk(io, 1) == (4u << 20), "drive 1: depth %d x %llu",
+           io_drive_depth(io, 1), (unsigned long long)io_drive_chunk(io, 1));
+    float *got = run(&dm, st, 4, &err);
+    io_drive_stats s0, s1;
+    io_stats(io, 0, &s0);
+    io_stats(io, 1, &s1);
+    store_free(st);
+    model_free(&dm);
+    CHECKF(got, "%s", err.msg);
+    int same = memcmp(got, ref, sizeof(float) * NIDS * 4096) == 0;
+    free(got);
+    free(ref);
+    CHECK(same);
+    /* every request on drive 0 was at most 8 KiB; drive 1's blobs went in one request each */
+    CHECKF(s0.bytes > 0 && s1.bytes > 0, "drive bytes %llu %llu", (unsigned long long)s0.bytes,
+           (unsigned long long)s1.bytes);
+    CHECKF(s0.reqs >= (s0.bytes + 8191) / 8192, "drive 0: %llu requests for %llu bytes", (unsigned long long)s0.reqs,
+           (unsigned long long)s0.bytes);
+    CHECKF(s1.reqs * 8192 < s1.bytes, "drive 1: %llu requests for %llu bytes", (unsigned long long)s1.reqs,
+           (unsigned long long)s1.bytes);
+}
+
+/* doctor --drives measures and leaves the tuning that store_drive_tuning_is_used reads; --no-save
+ * leaves nothing */
+TEST(store_doctor_saves_drive_tuning)
+{
+    char cmd[9000], out[8192], tf[4300];
+    errbuf err;
+    char *a = dir_in_tmp("doctor-a"), *b = dir_in_tmp("doctor-b");
+    mkdir(a, 0755);
+    mkdir(b, 0755);
+    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s doctor --drives %s --size 64M --no-save", tu_bin(),
+             a, tu_bin(), b);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "GB/s"), "%s", out);
+    io_cfg c;
+    io_cfg_default(&c);
+    CHECKF(io_tune_load(&c, 0, a, &err) == 1, "%s", err.msg);
+    CHECKF(c.drive_depth[0] >= 1 && c.drive_chunk[0] >= 4096, "depth %d request %llu", c.drive_depth[0],
+           (unsigned long long)c.drive_chunk[0]);
+    snprintf(tf, sizeof tf, "%s/%s", b, IO_TUNE_FILE);
+    CHECKF(access(tf, F_OK) != 0, "%s exists after --no-save", tf);
 }

@@ -467,7 +467,7 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
         int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
         if (b < 0 || s->blob_slot[b] >= 0)
             continue;
-        if (io_pending(s->io) >= s->cfg.io.depth * s->ndrives * 2)
+        if (io_pending(s->io) >= io_total_depth(s->io) * 2)
             return; /* keep demand reads first in line */
         int v = victim(s, 1);
         if (v < 0)
@@ -565,6 +565,23 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     } else {
         s->ndrives = ic.ndrives < 1 ? 1 : ic.ndrives;
     }
+    /* each drive's queue depth and request size, as doctor --drives measured them in its folder
+     * (the folder of the first file on that drive); drives never measured keep the defaults */
+    int nfiles = s->dfsp ? info->npacks : m->st.nfiles;
+    for (int d = 0; d < s->ndrives && d < IO_MAX_DRIVES; d++)
+        for (int i = 0; i < nfiles && i < 256; i++) {
+            const char *p = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
+            if ((s->dfsp ? info->pack_drive[i] : 0) != d)
+                continue;
+            char dir[1024];
+            const char *slash = strrchr(p, '/');
+            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
+            if (io_tune_load(&ic, d, dir, err) < 0) {
+                store_free(s);
+                return -1;
+            }
+            break;
+        }
     if (!(s->io = io_new(&ic, err))) {
         store_free(s);
         return -1;
@@ -576,7 +593,6 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         snprintf(s->io_note, sizeof s->io_note, "io_uring, slot memory registered");
     else /* optional: reads work without it */
         snprintf(s->io_note, sizeof s->io_note, "io_uring, unregistered buffers: %s", why.msg);
-    int nfiles = s->dfsp ? info->npacks : m->st.nfiles;
     for (int i = 0; i < nfiles && i < 256; i++) {
         const char *p = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
         int drive = s->dfsp ? info->pack_drive[i] : 0;

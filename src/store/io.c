@@ -21,6 +21,8 @@
 #define HAVE_URING 1
 #endif
 
+#include "base/file.h"
+#include "base/jsonr.h"
 #include "base/timer.h"
 
 enum { MAX_JOBS = 8192, MAX_PIECES = 65536 };
@@ -165,6 +167,61 @@ static void *pool_main(void *arg)
     return NULL;
 }
 
+enum { TUNE_MIN_REQ = 4096, TUNE_MAX_REQ = 64 << 20, TUNE_MAX_DEPTH = 256 };
+
+int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
+    if (d < 0 || d >= IO_MAX_DRIVES)
+        return errbuf_set(err, "%s: drive %d is past the %d drives the engine takes", path, d, IO_MAX_DRIVES);
+    if (access(path, F_OK) != 0)
+        return 0;
+    json_t *j = jsonr_load_file(path, err);
+    if (!j)
+        return -1;
+    int64_t req = 0, depth = 0;
+    int rc = -1;
+    if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0)
+        goto out;
+    if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096) {
+        errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
+                   (long long)req);
+        goto out;
+    }
+    if (depth < 1 || depth > TUNE_MAX_DEPTH) {
+        errbuf_set(err, "%s: field 'depth': %lld is outside [1, %d]", path, (long long)depth, TUNE_MAX_DEPTH);
+        goto out;
+    }
+    c->drive_chunk[d] = (uint64_t)req;
+    c->drive_depth[d] = (int)depth;
+    rc = 1;
+out:
+    json_decref(j);
+    return rc;
+}
+
+int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, errbuf *err)
+{
+    char path[4200], buf[256];
+    snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
+    int n = snprintf(buf, sizeof buf,
+                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, "
+                     "\"note\": \"deltafin doctor --drives: least in flight within 5%% of the best O_DIRECT read\"}\n",
+                     (unsigned long long)request_bytes, depth, gbps);
+    return file_write_atomic(path, buf, (size_t)n, err);
+}
+
+int io_drive_depth(const io_engine *e, int d) { return e->cfg.drive_depth[d]; }
+uint64_t io_drive_chunk(const io_engine *e, int d) { return e->cfg.drive_chunk[d]; }
+int io_total_depth(const io_engine *e)
+{
+    int t = 0;
+    for (int d = 0; d < e->cfg.ndrives; d++)
+        t += e->cfg.drive_depth[d];
+    return t;
+}
+
 io_engine *io_new(const io_cfg *c, errbuf *err)
 {
     io_engine *e = calloc(1, sizeof *e);
@@ -180,6 +237,15 @@ io_engine *io_new(const io_cfg *c, errbuf *err)
     e->cfg.chunk &= ~(uint64_t)4095;
     if (e->cfg.ndrives < 1)
         e->cfg.ndrives = 1;
+    if (e->cfg.ndrives > IO_MAX_DRIVES)
+        e->cfg.ndrives = IO_MAX_DRIVES;
+    for (int d = 0; d < IO_MAX_DRIVES; d++) { /* every drive's own values: tuned, else the defaults */
+        if (e->cfg.drive_depth[d] < 1)
+            e->cfg.drive_depth[d] = e->cfg.depth;
+        if (e->cfg.drive_chunk[d] < 4096)
+            e->cfg.drive_chunk[d] = e->cfg.chunk;
+        e->cfg.drive_chunk[d] &= ~(uint64_t)4095;
+    }
     e->pc = calloc(MAX_PIECES, sizeof *e->pc);
     e->jb = calloc(MAX_JOBS, sizeof *e->jb);
     e->held = calloc(MAX_PIECES, sizeof(int));
@@ -204,7 +270,7 @@ io_engine *io_new(const io_cfg *c, errbuf *err)
     e->backend = c->backend == IO_AUTO ? IO_URING : c->backend;
 #ifdef HAVE_URING
     if (e->backend == IO_URING) {
-        unsigned entries = (unsigned)(e->cfg.depth * e->cfg.ndrives);
+        unsigned entries = (unsigned)io_total_depth(e);
         if (entries > 4096)
             entries = 4096;
         if (io_uring_queue_init(entries, &e->ring, 0) == 0)
@@ -220,7 +286,7 @@ io_engine *io_new(const io_cfg *c, errbuf *err)
     e->backend = IO_PREAD;
 #endif
     if (e->backend == IO_PREAD) {
-        e->nth = e->cfg.depth * e->cfg.ndrives;
+        e->nth = io_total_depth(e);
         if (e->nth > 64)
             e->nth = 64;
         e->th = calloc((size_t)e->nth, sizeof *e->th);
@@ -356,7 +422,7 @@ static int pump(io_engine *e, int d, errbuf *err)
 {
     drive *dv = &e->dr[d];
     int submitted = 0;
-    while (dv->q_head >= 0 && dv->in_flight < e->cfg.depth) {
+    while (dv->q_head >= 0 && dv->in_flight < e->cfg.drive_depth[d]) {
         int id = dv->q_head;
         piece *p = &e->pc[id];
         dv->q_head = p->next;
@@ -410,7 +476,9 @@ int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint6
 {
     if (file < 0 || file >= e->nfiles)
         return errbuf_set(err, "io: bad file id %d", file);
-    uint64_t npieces = len ? (len + e->cfg.chunk - 1) / e->cfg.chunk : 1;
+    int d = e->fdrive[file];
+    uint64_t chunk = e->cfg.drive_chunk[d];
+    uint64_t npieces = len ? (len + chunk - 1) / chunk : 1;
     if (e->free_job < 0 || e->free_job >= MAX_JOBS)
         return errbuf_set(err, "io: more than %d reads in flight", MAX_JOBS);
     if (npieces > (uint64_t)e->pieces_free) /* checked before anything is queued: no half jobs */
@@ -420,14 +488,13 @@ int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint6
     e->free_job = e->jb[j].next;
     e->jb[j] = (job){tag, (int)npieces, 1, -1};
     e->jobs_live++;
-    int d = e->fdrive[file];
     drive *dv = &e->dr[d];
     for (uint64_t k = 0; k < npieces; k++) {
         int id = e->free_piece;
         piece *p = &e->pc[id];
         e->free_piece = p->next;
         e->pieces_free--;
-        uint64_t o = k * e->cfg.chunk, l = len - o < e->cfg.chunk ? len - o : e->cfg.chunk;
+        uint64_t o = k * chunk, l = len - o < chunk ? len - o : chunk;
         *p = (piece){j, file, d, off + o, l, (char *)buf + o, 0, 0, 0, -1};
         if (dv->q_tail >= 0)
             e->pc[dv->q_tail].next = id;
