@@ -509,8 +509,8 @@ TEST(store_doctor_saves_drive_tuning)
     char *a = dir_in_tmp("doctor-a"), *b = dir_in_tmp("doctor-b");
     mkdir(a, 0755);
     mkdir(b, 0755);
-    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s doctor --drives %s --size 64M --no-save", tu_bin(),
-             a, tu_bin(), b);
+    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s doctor --drives %s --size 64M --no-save",
+             tu_bin(), a, tu_bin(), b);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "GB/s"), "%s", out);
     io_cfg c;
     io_cfg_default(&c);

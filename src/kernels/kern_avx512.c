@@ -111,7 +111,12 @@ typedef struct {
     __m512 z[4];
 } acc_t;
 
-INLINE acc_t acc_zero(void) { return (acc_t){{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}}; }
+INLINE acc_t acc_zero(void)
+{
+    __m512 z = _mm512_setzero_ps();
+    return (acc_t){{z, z, z, z}};
+}
+
 INLINE float acc_reduce(const acc_t *a) { return reduce4(a->z[0], a->z[1], a->z[2], a->z[3]); }
 
 /* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64

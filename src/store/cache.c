@@ -575,7 +575,10 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
                 continue;
             char dir[1024];
             const char *slash = strrchr(p, '/');
-            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
+            if (!slash)
+                snprintf(dir, sizeof dir, ".");
+            else
+                snprintf(dir, sizeof dir, "%.*s", slash == p ? 1 : (int)(slash - p), p);
             if (io_tune_load(&ic, d, dir, err) < 0) {
                 store_free(s);
                 return -1;

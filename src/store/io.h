@@ -46,8 +46,8 @@ void io_cfg_default(io_cfg *c);
 /* "MBps:latency_us,MBps:latency_us" -> c->emu_* for drives 0.. ; sets ndrives if larger. */
 int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
 /* Per-drive tuning measured by `deltafin doctor --drives`: IO_TUNE_FILE in the drive's folder holds
- * {"request_bytes": R, "depth": D, "gbps": G}, the best request size and queue depth doctor found
- * for that drive. io_tune_load sets c->drive_chunk[d] / drive_depth[d] from dir's file: 1 if it
+ * {"request_bytes": R, "depth": D, "gbps": G}: of the request sizes and queue depths doctor tried
+ * on that drive, the one with the least data in flight that reached 95% of the best rate. io_tune_load sets c->drive_chunk[d] / drive_depth[d] from dir's file: 1 if it
  * did, 0 if there is no file, -1 (naming the file and field) if it is malformed or out of range.
  * io_tune_save writes it atomically (temp + rename). */
 #define IO_TUNE_FILE "deltafin-drive.json"
