@@ -8,6 +8,7 @@
   reference logits from Moonshot's modeling code (a parallel CPU process, float64) -> everything under --out.
 
 usage: train.py --out DIR [--work DIR] [--budget SECONDS] [--small] [--k3src DIR --shim DIR]
+                [--resume MODELS [--fresh-k3]] [--k3-seconds S] [--batch ROWS] [--ds-prompts N] [--ds-seconds S]
 Stages write results.json and log.txt as they finish, so a run cut short still reports what it did.
 """
 import argparse
