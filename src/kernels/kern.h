@@ -19,7 +19,10 @@
  * value table straight from the nibbles, about twice as fast as restoring column order. The scalar table is the
  * definition (it spells the order out literally); the AVX2 and AVX-512 tables must and do
  * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
- * logits identical across machines.
+ * logits identical across machines. The one exception is which NaN: a result that is NaN (a NaN
+ * weight, such as MXFP4's scale byte 255, or inf - inf) is NaN on every table and path, but its
+ * sign and payload are not part of the contract (x86 passes on the first NaN operand, and the
+ * kernels order FMA operands differently); the tests accept any NaN for a NaN.
  */
 #ifndef DF_KERNELS_KERN_H
 #define DF_KERNELS_KERN_H

@@ -192,14 +192,22 @@ INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float 
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
     acc_t t = *a;
-    for (int i = c0; i < c1; i += 32) {
+    __m256 v[4];
+    int i = c0;
+    for (; i + 64 <= c1; i += 64) { /* lanes 0-31, then 32-63: constant indices keep t in registers */
         if (pf && !(i & 127)) /* the next row's pass (see span_plain) */
             _mm_prefetch((const char *)(row + w->row_bytes + (size_t)i / 2), _MM_HINT_T0);
-        __m256 v[4];
-        int base = (i / 32) % 2 * 4;
         nib_group(fmt, row, s, i / 32, v);
         for (int k = 0; k < 4; k++)
-            t.r[base + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[base + k]);
+            t.r[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[k]);
+        nib_group(fmt, row, s, i / 32 + 1, v);
+        for (int k = 0; k < 4; k++)
+            t.r[4 + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 32 + 8 * k), t.r[4 + k]);
+    }
+    if (i < c1) { /* the row's last 32 columns: lanes 0-31 */
+        nib_group(fmt, row, s, i / 32, v);
+        for (int k = 0; k < 4; k++)
+            t.r[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[k]);
     }
     *a = t;
 }
