@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from k3model import Norm as RMS   # the same RMSNorm (fp32 statistics, weight in x's dtype)
 from stio import st_load, st_save
 
 
@@ -17,16 +18,6 @@ def default_config(vocab_size):
                 num_key_value_heads=2, head_dim=32, intermediate_size=384, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 tie_word_embeddings=True)
 
-
-class RMS(nn.Module):
-    def __init__(self, n, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x):
-        xf = x.float() if x.dtype != torch.float64 else x
-        return self.weight.to(x.dtype) * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(T, dim, theta, device, dtype, offset=0):

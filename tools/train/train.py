@@ -244,6 +244,12 @@ def greedy_batch(model, x, n):
 
 # ---------------------------------------------------------------------------------------------- stages
 
+def stage_failed(name):
+    """Records a stage that raised (called from its except clause): the traceback in the log, the name in results."""
+    log("%s FAILED:\n%s" % (name, traceback.format_exc()))
+    RESULTS.setdefault("failed", []).append(name)
+
+
 def stage_qwen(args):
     """Parallel process: the Qwen3 drafter's LM training on its own tokenization."""
     global OUT, LOG
@@ -666,8 +672,7 @@ def main():
         save_results()
 
     except Exception:  # noqa: BLE001 — a failed stage is reported; the others still run
-        log("dspark FAILED:\n%s" % traceback.format_exc())
-        RESULTS.setdefault("failed", []).append("dspark")
+        stage_failed("dspark")
     save_results()
     pack()
     # ---- Qwen3 drafter: join the parallel process, then distil on mini-K3's outputs (as text) briefly
@@ -710,8 +715,7 @@ def main():
         save_results()
 
     except Exception:  # noqa: BLE001 — a failed stage is reported; the others still run
-        log("qwen FAILED:\n%s" % traceback.format_exc())
-        RESULTS.setdefault("failed", []).append("qwen")
+        stage_failed("qwen")
     save_results()
     pack()
     # ---- acceptance on held-out prompts (greedy verification: a draft token counts if it equals the target's)
@@ -777,8 +781,7 @@ def main():
         save_results()
 
     except Exception:  # noqa: BLE001 — a failed stage is reported; the others still run
-        log("acceptance FAILED:\n%s" % traceback.format_exc())
-        RESULTS.setdefault("failed", []).append("acceptance")
+        stage_failed("acceptance")
     save_results()
     pack()
     # ---- oracle
