@@ -55,6 +55,10 @@ typedef struct wfmt_info {
 
 extern const wfmt_info wfmt_table[WF_COUNT];
 
+/* Bytes per element of a plain (block 1) format: wfmt_table[fmt].block_bytes, as a constant the
+ * kernels can specialise on when fmt is one. */
+static inline int wfmt_plain_bytes(int fmt) { return fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2; }
+
 /* Element decoders, exact. */
 static inline float bf16_to_f32(uint16_t h)
 {

@@ -126,7 +126,7 @@ INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const floa
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
     acc_t t = *a;
-    int i = c0, es = fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2;
+    int i = c0, es = wfmt_plain_bytes(fmt);
     for (; i + 64 <= c1; i += 64) {
         if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)

@@ -126,7 +126,7 @@ INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const floa
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes;
     __m512 one = _mm512_set1_ps(1.0f), z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
-    int i = c0, es = fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2;
+    int i = c0, es = wfmt_plain_bytes(fmt);
     for (; i + 64 <= c1; i += 64) {
         if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)
