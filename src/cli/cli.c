@@ -344,12 +344,12 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
         io_stats(store_io(e->store), d, &ds);
         fprintf(stderr,
                 "[stats] drive %d (%s, depth %d x %s requests): %s in %llu reads, %.2f GB/s while busy, "
-                "%.2f GB/s over the run, latency p50 %.0f us p99 %.0f us\n",
+                "%.2f GB/s over the run, %.1f requests in flight on average while busy, latency p50 %.0f us p99 %.0f us\n",
                 d, io_backend_name(store_io(e->store)), io_drive_depth(store_io(e->store), d),
                 human((double)io_drive_chunk(store_io(e->store), d), h2, 32), human(ds.bytes, h1, 32),
                 (unsigned long long)ds.reqs,
                 ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0,
-                io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
+                ds.busy_s > 0 ? ds.depth_s / ds.busy_s : 0.0, io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
     }
 }
 

@@ -49,6 +49,7 @@ typedef struct drive {
     uint64_t backlog;       /* bytes queued + in flight */
     double busy_until;      /* emulation: when the modelled drive goes idle */
     double busy_start;
+    double changed;         /* when in_flight last changed */
     io_drive_stats st;
 } drive;
 
@@ -409,6 +410,8 @@ int io_is_direct(const io_engine *e, int file) { return e->fdirect[file]; }
 static void drive_busy(io_engine *e, drive *dv, int delta)
 {
     double now = timer_now();
+    dv->st.depth_s += dv->in_flight * (now - dv->changed);
+    dv->changed = now;
     if (dv->in_flight == 0 && delta > 0)
         dv->busy_start = now;
     dv->in_flight += delta;

@@ -37,6 +37,7 @@ typedef struct io_cfg {
 typedef struct io_drive_stats {
     uint64_t bytes, reqs;
     double busy_s;            /* wall time with at least one request in flight */
+    double depth_s;           /* integral of requests in flight over time: / busy_s = mean depth */
     uint32_t lat_hist[32];    /* request latency histogram, bucket k = [2^k, 2^(k+1)) us */
 } io_drive_stats;
 
