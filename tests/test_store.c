@@ -498,6 +498,9 @@ TEST(store_drive_tuning_is_used)
            (unsigned long long)s0.bytes);
     CHECKF(s1.reqs * 8192 < s1.bytes, "drive 1: %llu requests for %llu bytes", (unsigned long long)s1.reqs,
            (unsigned long long)s1.bytes);
+    /* the mean depth --stats prints: some requests in flight while busy, never more than drive 0's 2 */
+    double d0m = s0.busy_s > 0 ? s0.depth_s / s0.busy_s : 0;
+    CHECKF(d0m >= 1.0 && d0m <= 2.0 + 1e-9, "drive 0: mean depth %.3f with a depth of 2", d0m);
 }
 
 /* doctor --drives measures and leaves the tuning that store_drive_tuning_is_used reads; --no-save

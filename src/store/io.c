@@ -658,8 +658,12 @@ void io_stats(const io_engine *e, int d, io_drive_stats *out) { *out = e->dr[d].
 
 void io_stats_reset(io_engine *e)
 {
-    for (int d = 0; d < IO_MAX_DRIVES; d++)
+    double now = timer_now();
+    for (int d = 0; d < IO_MAX_DRIVES; d++) { /* requests in flight now count from now on */
         memset(&e->dr[d].st, 0, sizeof e->dr[d].st);
+        e->dr[d].changed = now;
+        e->dr[d].busy_start = now;
+    }
 }
 
 double io_latency_pct(const io_drive_stats *s, double p)
