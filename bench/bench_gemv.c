@@ -6,7 +6,7 @@
  * so the weights come from DRAM as in real decode; rounds alternate with a round of the read
  * measurement, and both figures are medians over the rounds (see bench_shape).
  *
- * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S]
+ * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS]
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
 #include <immintrin.h>
@@ -160,13 +160,16 @@ int main(int argc, char **argv)
 {
     const char *kname = NULL;
     double seconds = 2.0;
+    int only_r = 0, only_c = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
             kname = argv[++i];
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &only_r, &only_c) == 2)
+            i++;
         else {
-            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S]\n");
+            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS]\n");
             return 2;
         }
     }
@@ -196,7 +199,8 @@ int main(int argc, char **argv)
         printf("|--------|---------------|---|-----|----------|-------|---------|--------|------|\n");
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds);
+                if (!only_r || (shapes[s][0] == only_r && shapes[s][1] == only_c))
+                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds);
         printf("\n");
         pool_free(p);
     }

@@ -122,15 +122,15 @@ INLINE float acc_reduce(const acc_t *a)
 
 /* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
  * and c1 is one too or the row's end (only the last span has a tail). */
-INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *a, int pf)
+INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *a, ptrdiff_t pf)
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
     acc_t t = *a;
     int i = c0, es = wfmt_plain_bytes(fmt);
     for (; i + 64 <= c1; i += 64) {
-        if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
+        if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)
-                _mm_prefetch((const char *)(row + w->row_bytes + (size_t)i * es + 64 * l), _MM_HINT_T0);
+                _mm_prefetch((const char *)(row + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
         __m256 s = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
         for (int k = 0; k < 8; k++)
             t.r[k] = _mm256_fmadd_ps(ld_plain(fmt, row, i + 8 * k, s), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
@@ -188,15 +188,15 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 
 /* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
  * multiple of 64, c1 one too or the row's end. */
-INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *a, int pf)
+INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *a, ptrdiff_t pf)
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
     acc_t t = *a;
     __m256 v[4];
     int i = c0;
     for (; i + 64 <= c1; i += 64) { /* lanes 0-31, then 32-63: constant indices keep t in registers */
-        if (pf && !(i & 127)) /* the next row's pass (see span_plain) */
-            _mm_prefetch((const char *)(row + w->row_bytes + (size_t)i / 2), _MM_HINT_T0);
+        if (pf && !(i & 127)) /* the next span's bytes (see span_plain) */
+            _mm_prefetch((const char *)(row + (pf + i / 2)), _MM_HINT_T0);
         nib_group(fmt, row, s, i / 32, v);
         for (int k = 0; k < 4; k++)
             t.r[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[k]);

@@ -120,17 +120,18 @@ INLINE acc_t acc_zero(void)
 INLINE float acc_reduce(const acc_t *a) { return reduce4(a->z[0], a->z[1], a->z[2], a->z[3]); }
 
 /* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
- * and c1 is one too or the row's end (only the last span has a tail); pf: prefetch row r + 1's
- * same columns (see kern_matmul.inc). */
-INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *acc, int pf)
+ * and c1 is one too or the row's end (only the last span has a tail); pf: when not 0, the byte
+ * offset from this span's weights to those of the span that runs next, prefetched alongside
+ * (see kern_matmul.inc). */
+INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *acc, ptrdiff_t pf)
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes;
     __m512 one = _mm512_set1_ps(1.0f), z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
     int i = c0, es = wfmt_plain_bytes(fmt);
     for (; i + 64 <= c1; i += 64) {
-        if (pf) /* the next row's pass: its own stream, too short for the hardware prefetcher */
+        if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)
-                _mm_prefetch((const char *)(a + w->row_bytes + (size_t)i * es + 64 * l), _MM_HINT_T0);
+                _mm_prefetch((const char *)(a + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
         __m512 sa = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : one;
         z0 = _mm512_fmadd_ps(ld_plain(fmt, a, i, sa), _mm512_loadu_ps(x + i), z0);
         z1 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 16, sa), _mm512_loadu_ps(x + i + 16), z1);
@@ -191,14 +192,14 @@ INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
 
 /* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
  * multiple of 64, c1 one too or the row's end (which may leave one 32-column group: lanes 0-31). */
-INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *acc, int pf)
+INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *acc, ptrdiff_t pf)
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes, *sa = nib_srow(w, r);
     __m512 z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3], e, o;
     int i = c0;
     for (; i + 64 <= c1; i += 64) {
-        if (pf && !(i & 127)) /* the next row's pass (see span_plain) */
-            _mm_prefetch((const char *)(a + w->row_bytes + (size_t)i / 2), _MM_HINT_T0);
+        if (pf && !(i & 127)) /* the next span's bytes (see span_plain) */
+            _mm_prefetch((const char *)(a + (pf + i / 2)), _MM_HINT_T0);
         nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
         z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
         z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
