@@ -195,7 +195,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_gemv: %s\n", err.msg);
             return 1;
         }
-        printf("| format | rows x cols   | threads | rounds | us/call | read GB/s | GEMV GB/s | GFLOPS | ratio to read bw |\n");
+        printf("| format | rows x cols   | threads | rounds | us/call | read GB/s | GEMV GB/s | GFLOPS "
+               "| ratio to read bw |\n");
         printf("|--------|---------------|---|-----|----------|-------|---------|--------|------|\n");
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -344,7 +344,8 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
         io_stats(store_io(e->store), d, &ds);
         fprintf(stderr,
                 "[stats] drive %d (%s, depth %d x %s requests): %s in %llu reads, %.2f GB/s while busy, "
-                "%.2f GB/s over the run, %.1f requests in flight on average while busy, latency p50 %.0f us p99 %.0f us\n",
+                "%.2f GB/s over the run, %.1f requests in flight on average while busy, "
+                "latency p50 %.0f us p99 %.0f us\n",
                 d, io_backend_name(store_io(e->store)), io_drive_depth(store_io(e->store), d),
                 human((double)io_drive_chunk(store_io(e->store), d), h2, 32), human(ds.bytes, h1, 32),
                 (unsigned long long)ds.reqs,
