@@ -4,7 +4,8 @@
  * without mirrors, prefetch on and off, emulated drives. Each needed blob is read at most once
  * per pass. A flipped byte is an error naming the blob and pack; a truncated pack is an error;
  * prepare interrupted midway completes on a rerun and verifies; a store refuses another model; a
- * failed load is recoverable; doctor checks mirrors; the router lookahead's guesses are mostly used;
+ * failed load is recoverable; doctor checks mirrors; the router lookahead's guesses are mostly used
+ * and credited only to the layer they were for;
  * each drive is read with the depth and request size doctor measured for it. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,8 +117,10 @@ static void compare_all(const char *src)
             CHECKF(same, "%s: streamed (HF, prefetch %d, chunk %d) logits differ from resident", src, pf, chunk);
             CHECKF(ss.max_reads_blob_pass <= 1, "a blob was read %llu times in one pass",
                    (unsigned long long)ss.max_reads_blob_pass);
-            CHECKF(ss.misses > ss.hits, "with 2 slots most requests should miss (hits %llu misses %llu)",
-                   (unsigned long long)ss.hits, (unsigned long long)ss.misses);
+            /* most experts come from disk (with prefetch, read ahead by the lookahead: hits) */
+            CHECKF(ss.reads * 2 > ss.hits + ss.misses,
+                   "with 2 slots most requests should be read (reads %llu, hits %llu misses %llu)",
+                   (unsigned long long)ss.reads, (unsigned long long)ss.hits, (unsigned long long)ss.misses);
             if (!pf)
                 CHECKF(ss.reads == ss.misses, "reads %llu != misses %llu without prefetch",
                        (unsigned long long)ss.reads, (unsigned long long)ss.misses);
@@ -296,11 +299,11 @@ TEST(store_doctor_checks_mirrors)
 }
 
 /* Router lookahead on the trained default model, decoding a real prompt through a cache of about
- * a third of its experts (`run --stats`): guesses are read, at least 3 in 4 are used by the pass
- * they were for, the hit rate rises, and the generated ids are those without lookahead. Counts,
- * not timing. */
+ * a third of its experts (`run --stats`): guesses are read, at least 3 in 4 are used by the layer
+ * they were for (a wrong guess is never credited to a later pass), fewer experts are read on
+ * demand, and the generated ids are those without lookahead. Counts, not timing. */
 static void lookahead_run(const char *store_dir, const char *pf, char *ids, size_t cap, unsigned long long *reads,
-                          unsigned long long *used, unsigned long long *hits)
+                          unsigned long long *used, unsigned long long *demand)
 {
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd,
@@ -308,9 +311,10 @@ static void lookahead_run(const char *store_dir, const char *pf, char *ids, size
              "--prefetch %s --stats",
              tu_bin(), store_dir, pf);
     CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
-    const char *p = strstr(out, "[stats] prefetch: "), *h = strstr(out, "hit rate ");
-    CHECKF(p && h && sscanf(p, "[stats] prefetch: %llu reads, %llu", reads, used) == 2, "%s", out);
-    CHECKF(sscanf(strchr(h, '(') ? strchr(h, '(') : h, "(%llu", hits) == 1, "%s", out);
+    const char *p = strstr(out, "[stats] prefetch: ");
+    CHECKF(p && sscanf(p, "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu", reads,
+                       used, demand) == 3,
+           "%s", out);
     snprintf(ids, cap, "%.*s", (int)strcspn(out, "\n"), out);
 }
 
@@ -324,12 +328,57 @@ TEST(store_lookahead_guesses_are_used)
     blob_table_free(&bt);
     model_free(&dm);
     char ids_off[4096], ids_on[4096];
-    unsigned long long r0, u0, h0, r1, u1, h1;
-    lookahead_run(dst, "off", ids_off, sizeof ids_off, &r0, &u0, &h0);
-    lookahead_run(dst, "on", ids_on, sizeof ids_on, &r1, &u1, &h1);
+    unsigned long long r0, u0, d0, r1, u1, d1;
+    lookahead_run(dst, "off", ids_off, sizeof ids_off, &r0, &u0, &d0);
+    lookahead_run(dst, "on", ids_on, sizeof ids_on, &r1, &u1, &d1);
     CHECKF(strcmp(ids_off, ids_on) == 0, "ids differ: %s vs %s", ids_off, ids_on);
     CHECKF(r0 == 0 && r1 > 0 && u1 * 4 >= r1 * 3, "lookahead: %llu guesses read, %llu used", r1, u1);
-    CHECKF(h1 > h0, "lookahead did not raise the hits (%llu vs %llu without)", h1, h0);
+    CHECKF(d1 < d0, "lookahead did not lower the reads on demand (%llu vs %llu without)", d1, d0);
+}
+
+/* The lookahead's bookkeeping, through the expert source itself: a guess its layer asks for is
+ * credited once; a guess its layer does not ask for is never credited, even when a later pass
+ * asks for that expert (it is an ordinary cached expert by then). */
+static void request_one(const expert_src *xs, int layer, int id)
+{
+    errbuf err;
+    mlp_w mats;
+    int got;
+    CHECKF(xs->begin(xs->ctx, layer, &id, 1, &err) == 0, "%s", err.msg);
+    CHECKF(xs->next(xs->ctx, &got, &mats, &err) == 1 && got == id, "%s", err.msg);
+    xs->release(xs->ctx, layer, id);
+    CHECKF(xs->next(xs->ctx, &got, &mats, &err) == 0, "a second expert was handed over");
+}
+
+TEST(store_guesses_are_credited_to_their_layer)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
+    int layer = 0;
+    while (layer < m.hp.n_layers && m.hp.ffn_kind[layer] != FFN_MOE)
+        layer++;
+    CHECK(layer < m.hp.n_layers);
+    store *st = open_store(&m, NULL, NULL, 8, 1, NULL, &err);
+    CHECKF(st, "%s", err.msg);
+    const expert_src *xs = store_experts(st);
+    int right = 2, wrong = 5, other = 7;
+    xs->pass_begin(xs->ctx, 1);
+    xs->prefetch(xs->ctx, layer, &right, 1);
+    request_one(xs, layer, right);
+    xs->pass_begin(xs->ctx, 1);
+    xs->prefetch(xs->ctx, layer, &wrong, 1);
+    request_one(xs, layer, other);
+    xs->pass_begin(xs->ctx, 1);
+    request_one(xs, layer, wrong); /* cached, but no longer a guess */
+    store_stats ss;
+    store_stats_get(st, &ss);
+    store_free(st);
+    model_free(&m);
+    CHECKF(ss.prefetch_reads == 2 && ss.prefetch_hits == 1, "%llu guesses read, %llu credited (want 2, 1)",
+           (unsigned long long)ss.prefetch_reads, (unsigned long long)ss.prefetch_hits);
+    CHECKF(ss.reads == 3 && ss.requests == 3, "%llu reads for %llu requests (want 3, 3)", (unsigned long long)ss.reads,
+           (unsigned long long)ss.requests);
 }
 
 TEST(store_truncated_pack)

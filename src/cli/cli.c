@@ -331,14 +331,15 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
             "[stats] store: %s, %d expert slots of %s (%s), spine %s resident, prefetch %s (%s)\n"
             "[stats] experts: %s read per token (spine 0), hit rate %.1f%% (%llu/%llu), read amplification "
             "%.3f, stalled on I/O %.3f s, at most %llu read(s) of one blob per pass\n"
-            "[stats] prefetch: %llu reads, %llu of them used by the pass they were for\n",
+            "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu reads on "
+            "demand\n",
             e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store), human(store_slot_bytes(e->store), h1, 32),
             human(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32), human(bt->spine_bytes, h3, 32),
             store_experts(e->store)->prefetch ? "on" : "off", store_io_note(e->store), human(st.bytes_read / tok, h4, 32),
             st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0, (unsigned long long)st.hits,
             (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
             st.stall_s, (unsigned long long)st.max_reads_blob_pass, (unsigned long long)st.prefetch_reads,
-            (unsigned long long)st.prefetch_hits);
+            (unsigned long long)st.prefetch_hits, (unsigned long long)(st.reads - st.prefetch_reads));
     for (int d = 0; d < store_ndrives(e->store); d++) {
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);

@@ -226,6 +226,20 @@ static void mix_rows(const blk *b, float *const *stack, int ns, const float *pre
     }
 }
 
+/* Router lookahead (the store's prefetch): before layer i's attention runs, its router is applied
+ * to what its FFN input would be without that attention, the residual stream in (normed with
+ * layer i's FFN norm into scratch x, which the layer overwrites before reading it). Only reads
+ * start; the real router decides. Measured against guessing from layer i-1's FFN input (one
+ * sublayer earlier): 93% of guesses used instead of 45% on the random-weight 12 GB k3-mini, 80%
+ * instead of about 70% on the trained default model. */
+static void guess_next(const blk *b, int i, const float *in, int T, float *x)
+{
+    if (b->hp->ffn_kind[i] != FFN_MOE)
+        return;
+    blk_rmsnorm(b, in, b->m->L[i].post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
+    blk_moe_guess(b, i, x, T);
+}
+
 int session_forward(session *s, const int32_t *tokens, int T, float *logits, int all_logits, errbuf *err)
 {
     const model *m = s->m;
@@ -248,6 +262,7 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
     if (s->xs && s->xs->pass_begin)
         s->xs->pass_begin(s->xs->ctx, T);
     size_t TH = (size_t)T * H;
+    int guessing = s->xs && s->xs->prefetch;
     float *h = blk_alloc(&b, TH), *x = blk_alloc(&b, TH), *a = blk_alloc(&b, TH);
     int rc = -1;
     if (!h || !x || !a)
@@ -287,6 +302,10 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 prefix[j] += a[j];
+            if (guessing && i + 1 < hp->n_layers) { /* layer i+1's FFN input, less its attention */
+                mix_rows(&b, stack, ns, prefix, m->L[i + 1].res_u[1], T, mixed);
+                guess_next(&b, i + 1, mixed, T, x);
+            }
         }
         mix_rows(&b, stack, ns, prefix, m->out_res_u, T, x);
         memcpy(h, x, TH * sizeof(float));
@@ -303,6 +322,8 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 h[j] += a[j];
+            if (guessing && i + 1 < hp->n_layers)
+                guess_next(&b, i + 1, h, T, x);
         }
     }
     if (logits) {

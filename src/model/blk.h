@@ -83,5 +83,8 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
 int blk_moe(const blk *b, int layer, const float *x, int T, float *out);
+/* Router lookahead: prefetches (b->xs) the experts `layer`'s router picks for x [T][hidden]; a hint
+ * that changes no result. No-op without an expert source with prefetch, or for a dense layer. */
+void blk_moe_guess(const blk *b, int layer, const float *x, int T);
 
 #endif

@@ -92,23 +92,27 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
         wt[j] *= hp->routed_scale;
 }
 
-/* Router lookahead: the experts layer `next` would pick for x (the input of this layer's FFN
- * stands in for the next layer's, which does not exist yet); only a prefetch hint. */
-static void lookahead(const blk *b, int next, const float *x, int T, float *logit, float *tmp)
+/* Router lookahead: starts the reads of the experts layer `layer` would pick for x (a stand-in for
+ * its FFN input, which does not exist yet); only a hint, nothing is decided by it. Scratch from
+ * the arena, given back. */
+void blk_moe_guess(const blk *b, int layer, const float *x, int T)
 {
     const hparams *hp = b->hp;
-    if (next >= hp->n_layers || hp->ffn_kind[next] != FFN_MOE)
+    if (!b->xs || !b->xs->prefetch || layer >= hp->n_layers || hp->ffn_kind[layer] != FFN_MOE)
         return;
+    size_t mark = arena_mark(b->ar);
     int *sel = (int *)blk_alloc(b, (size_t)hp->top_k);
-    float *wt = blk_alloc(b, (size_t)hp->top_k);
-    if (!sel || !wt)
-        return; /* a hint only */
-    const moe_w *w = &b->m->L[next].moe;
-    blk_matmul(b, &w->router, x, T, logit);
-    for (int t = 0; t < T; t++) {
-        route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
-        b->xs->prefetch(b->xs->ctx, next, sel, hp->top_k);
+    float *wt = blk_alloc(b, (size_t)hp->top_k), *logit = blk_alloc(b, (size_t)T * hp->n_experts),
+          *tmp = blk_alloc(b, 2 * (size_t)hp->n_experts);
+    if (sel && wt && logit && tmp) { /* else: a hint only */
+        const moe_w *w = &b->m->L[layer].moe;
+        blk_matmul(b, &w->router, x, T, logit);
+        for (int t = 0; t < T; t++) {
+            route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
+            b->xs->prefetch(b->xs->ctx, layer, sel, hp->top_k);
+        }
     }
+    arena_rewind(b->ar, mark);
 }
 
 int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
@@ -152,8 +156,14 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
             uni[nu++] = e;
     if (b->xs && b->xs->begin(b->xs->ctx, layer, uni, nu, b->err) != 0)
         return -1;
-    if (b->xs && b->xs->prefetch)
-        lookahead(b, layer + 1, x, T, logit, tmp);
+    /* shared experts first: they need no reads, so with streamed experts they run while the
+     * routed ones load (added last, as before: the same bits) */
+    float *sh = NULL;
+    if (hp->n_shared > 0) {
+        sh = blk_alloc(b, (size_t)T * H);
+        if (!sh || blk_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
+            return -1;
+    }
     for (int k = 0; k < nu; k++) {
         int e;
         mlp_w mats;
@@ -195,12 +205,8 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
     } else {
         memcpy(out, r, sizeof(float) * (size_t)T * H);
     }
-    if (hp->n_shared > 0) {
-        float *sh = blk_alloc(b, (size_t)T * H);
-        if (!sh || blk_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
-            return -1;
+    if (sh)
         for (size_t i = 0; i < (size_t)T * H; i++)
             out[i] += sh[i];
-    }
     return 0;
 }

@@ -29,6 +29,7 @@ typedef struct slot {
     int bad;         /* BAD_*: why the load failed (reported to the request that needs it) */
     uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
+    int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess */
     uint64_t stamp;  /* last use */
 } slot;
 
@@ -375,9 +376,17 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
         }
         s->st.misses++;
         s->st.bytes_needed += s->bt.b[b].size;
-        if (start_item(s, i, err) < 0)
-            return -1;
     }
+    /* the misses' slots, once every cached item is pinned: a slot taken now is never one of this
+     * request's own guesses, whatever their order in ids */
+    for (int i = 0; i < n; i++)
+        if (s->items_state[i] == R_WAIT && start_item(s, i, err) < 0)
+            return -1;
+    /* guesses for this layer that it did not ask for were wrong: from now on plain cached experts
+     * (kept from eviction no longer, and never counted as used by a later pass) */
+    for (int k = 0; k < s->nslots; k++)
+        if (s->sl[k].prefetched && s->sl[k].pf_layer == layer)
+            s->sl[k].prefetched = 0;
     return 0;
 }
 
@@ -477,6 +486,7 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
         if (issue(s, v, b, &err) != 0)
             return; /* a hint: the demand path will report real errors */
         s->sl[v].prefetched = 1;
+        s->sl[v].pf_layer = layer;
         s->st.prefetch_reads++;
     }
     while (reap(s, 0, &err) == 1) { /* collect what already landed */

@@ -12,8 +12,10 @@
  * so logits are bit-identical to the all-resident run). Slots in use are pinned; eviction takes the
  * unpinned slot whose expert is least often routed (routing counts are kept across runs in the
  * heat file), then the least recently used. Each blob is read at most once per pass. With
- * prefetch on, the next layer's router applied to this layer's FFN input predicts experts whose
- * reads start early, into slots not used by the current pass; prediction never decides anything.
+ * prefetch on, a layer's router applied to the residual stream before its attention (session.c)
+ * predicts experts whose reads start early, into slots not used by the current request;
+ * prediction never decides anything, and a guess the layer did not ask for is a plain cached
+ * expert from that layer's request on.
  * A DFSP blob is checked against its xxh3 the first time it enters the cache: a flipped byte is
  * an error naming the blob and pack, never silent garbage.
  */
