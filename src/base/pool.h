@@ -1,9 +1,10 @@
 /* pool.h — a fixed set of worker threads that run one parallel loop at a time.
  *
- * pool_for(p, n, fn, ctx) splits [0, n) into at most pool_size(p) contiguous ranges, runs
- * fn(ctx, begin, end, tid) on each (the calling thread takes tid 0) and returns when all are
- * done. Work items are independent by contract: a result never depends on which thread or
- * range computed it, which is what keeps logits bit-identical for any thread count.
+ * pool_for(p, n, fn, ctx) splits [0, n) into contiguous chunks (about 8 per thread) that the
+ * threads take first come, first served, runs fn(ctx, begin, end, tid) on each (the calling
+ * thread is tid 0; a thread may get several chunks, or none) and returns when all are done.
+ * Work items are independent by contract: a result never depends on which thread or range
+ * computed it, which is what keeps logits bit-identical for any thread count and schedule.
  *
  * Each thread owns a scratch buffer (pool_scratch) reserved before the hot path with
  * pool_reserve, so kernels called from fn never allocate.
