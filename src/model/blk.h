@@ -67,8 +67,9 @@ float *blk_alloc(const blk *b, size_t nfloats);
 void blk_matmul(const blk *b, const kmat *w, const float *x, int T, float *y);
 /* y = x / sqrt(mean(x^2) + eps) * w, row by row ([T][n]); y may alias x. w may be NULL. */
 void blk_rmsnorm(const blk *b, const float *x, const float *w, int T, int n, float eps, float *y);
-/* a[i] = act(gate[i], up[i]) (SiLU-GLU or SiTU-GLU per hp), in place into gate. */
-void blk_glu(const hparams *hp, float *gate, const float *up, size_t n);
+/* a[i] = act(gate[i], up[i]) (SiLU-GLU or SiTU-GLU per hp), in place into gate; long vectors split
+ * over the pool (each element on its own: the same bits). */
+void blk_glu(const blk *b, float *gate, const float *up, size_t n);
 /* RoPE: cs[0 .. d/2) = cos, cs[d/2 .. d) = sin of position pos (yarn amplitude included);
  * apply rotates one vector of hp->rope_dim values in place (interleaved or half pairs). */
 void blk_rope_table(const hparams *hp, int pos, float *cs);

@@ -9,7 +9,7 @@ int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, floa
         return -1;
     blk_matmul(b, &w->gate, x, T, g);
     blk_matmul(b, &w->up, x, T, u);
-    blk_glu(b->hp, g, u, (size_t)T * inter);
+    blk_glu(b, g, u, (size_t)T * inter);
     blk_matmul(b, &w->down, g, T, out);
     return 0;
 }

@@ -185,7 +185,7 @@ int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
             memcpy(gx + (size_t)i * D, xin + (size_t)(chose[i] / K) * D, sizeof(float) * (size_t)D);
         blk_matmul(b, &ex->gate, gx, n, g);
         blk_matmul(b, &ex->up, gx, n, u);
-        blk_glu(hp, g, u, (size_t)n * I);
+        blk_glu(b, g, u, (size_t)n * I);
         blk_matmul(b, &ex->down, g, n, gy);
         for (int i = 0; i < n; i++)
             memcpy(slots + (size_t)chose[i] * D, gy + (size_t)i * D, sizeof(float) * (size_t)D);
