@@ -2,9 +2,9 @@
  *
  * Handshake: the caller publishes (fn, ctx, n, chunk) and bumps `gen`; each worker that sees a
  * new generation takes chunks from `next` until none is left and increments `done`. The caller
- * takes chunks too and then waits for done == nthreads - 1. Release/acquire on gen and done order the job fields and the
- * results. A worker spins ~SPIN_ITERS polls before sleeping so back-to-back loops in decode do
- * not pay a wake-up each time.
+ * takes chunks too and then waits for done == nthreads - 1. Release/acquire on gen and done order
+ * the job fields and the results. A worker polls for SPIN_SECONDS before sleeping so back-to-back
+ * loops in decode do not pay a wake-up each time.
  */
 #include "base/pool.h"
 

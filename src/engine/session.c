@@ -269,6 +269,8 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
         goto out;
     for (int t = 0; t < T; t++)
         s->k->decode_rows(&m->embed, tokens[t], tokens[t] + 1, h + (size_t)t * H);
+    if (guessing) /* layer 0's FFN input, less its attention: the embedding */
+        guess_next(&b, 0, h, T, x);
     if (hp->attnres_block > 0) {
         int ns = 0, B = hp->attnres_block;
         float *stack[MODEL_MAX_BLOCKS];
