@@ -511,6 +511,8 @@ TEST(store_drive_tuning_is_used)
            err.msg);
     write_text(tf, "{\"request_bytes\": 65536, \"depth\": 0}");
     CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'depth'"), "%s", err.msg);
+    write_text(tf, "{\"request_bytes\": 65536, \"depth\": 2, \"best_gbps\": -1}");
+    CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'best_gbps'"), "%s", err.msg);
     write_text(tf, "{\"request_bytes\": 65536,");
     CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, tf), "%s", err.msg);
     /* a store whose drive folder holds a malformed tuning file does not open */
@@ -520,7 +522,7 @@ TEST(store_drive_tuning_is_used)
     CHECKF(!bad && strstr(err.msg, IO_TUNE_FILE), "opened with a malformed %s (%s)", tf, bad ? "" : err.msg);
     store_free(bad);
     unlink(tf);
-    CHECKF(io_tune_save(d0, 8192, 2, 1.0, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
+    CHECKF(io_tune_save(d0, 8192, 2, 1.0, 2.5, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
     float *ref = run(&dm, NULL, NIDS, &err);
     store *st = open_store(&dm, &info, &bt, 3, 0, NULL, &err);
     CHECKF(ref && st, "%s", err.msg);
@@ -529,6 +531,8 @@ TEST(store_drive_tuning_is_used)
            io_drive_depth(io, 0), (unsigned long long)io_drive_chunk(io, 0));
     CHECKF(io_drive_depth(io, 1) == 4 && io_drive_chunk(io, 1) == (4u << 20), "drive 1: depth %d x %llu",
            io_drive_depth(io, 1), (unsigned long long)io_drive_chunk(io, 1));
+    CHECKF(io_drive_best_gbps(io, 0) == 2.5 && io_drive_best_gbps(io, 1) == 0, "doctor's rates %g %g",
+           io_drive_best_gbps(io, 0), io_drive_best_gbps(io, 1));
     float *got = run(&dm, st, 4, &err);
     io_drive_stats s0, s1;
     io_stats(io, 0, &s0);
@@ -569,6 +573,14 @@ TEST(store_doctor_saves_drive_tuning)
     CHECKF(io_tune_load(&c, 0, a, &err) == 1, "%s", err.msg);
     CHECKF(c.drive_depth[0] >= 1 && c.drive_chunk[0] >= 4096, "depth %d request %llu", c.drive_depth[0],
            (unsigned long long)c.drive_chunk[0]);
+    CHECKF(c.drive_best_gbps[0] > 0, "no best rate saved");
     snprintf(tf, sizeof tf, "%s/%s", b, IO_TUNE_FILE);
     CHECKF(access(tf, F_OK) != 0, "%s exists after --no-save", tf);
+    /* a store on the measured drive: --stats puts each drive's rate over the run against doctor's */
+    char *st = dir_in_tmp("doctor-store");
+    snprintf(cmd, sizeof cmd,
+             "%s prepare --model models/default --out %s --drives %s >/dev/null && %s run --model %s --tokens 3,4,5 "
+             "--max-new 4 --ram-budget 10M --stats 2>&1",
+             tu_bin(), st, a, tu_bin(), st);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " of doctor's "), "%s", out);
 }

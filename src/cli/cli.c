@@ -343,14 +343,18 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     for (int d = 0; d < store_ndrives(e->store); d++) {
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);
+        double run_gbps = seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0, doc = io_drive_best_gbps(store_io(e->store), d);
+        char vs[96] = "";
+        if (doc > 0) /* the ratio: the read rate over the run against the drive's measured best */
+            snprintf(vs, sizeof vs, " (%.2f of doctor's %.2f GB/s)", run_gbps / doc, doc);
         fprintf(stderr,
                 "[stats] drive %d (%s, depth %d x %s requests): %s in %llu reads, %.2f GB/s while busy, "
-                "%.2f GB/s over the run, %.1f requests in flight on average while busy, "
+                "%.2f GB/s over the run%s, %.1f requests in flight on average while busy, "
                 "latency p50 %.0f us p99 %.0f us\n",
                 d, io_backend_name(store_io(e->store)), io_drive_depth(store_io(e->store), d),
                 human((double)io_drive_chunk(store_io(e->store), d), h2, 32), human(ds.bytes, h1, 32),
                 (unsigned long long)ds.reqs,
-                ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0,
+                ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, run_gbps, vs,
                 ds.busy_s > 0 ? ds.depth_s / ds.busy_s : 0.0, io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
     }
 }

@@ -199,7 +199,7 @@ int cmd_doctor(int argc, char **argv)
             }
             printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us |\n", d, best, (unsigned long long)(br >> 10),
                    bd, p50, p99);
-            if (save_tuning && io_tune_save(d, br, bd, bg, &err) != 0)
+            if (save_tuning && io_tune_save(d, br, bd, bg, best, &err) != 0)
                 return cli_fail(cmd, &err);
             if (save_tuning)
                 fprintf(stderr, "doctor: saved %s/%s (%llu KiB x %d, %.2f GB/s)\n", d, IO_TUNE_FILE,

@@ -182,8 +182,10 @@ int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
     if (!j)
         return -1;
     int64_t req = 0, depth = 0;
+    double best = 0;
     int rc = -1;
-    if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0)
+    if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0 ||
+        jsonr_num(j, "best_gbps", &best, 1, path, err) != 0)
         goto out;
     if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096) {
         errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
@@ -194,26 +196,32 @@ int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
         errbuf_set(err, "%s: field 'depth': %lld is outside [1, %d]", path, (long long)depth, TUNE_MAX_DEPTH);
         goto out;
     }
+    if (!(best >= 0 && best < 1e6)) {
+        errbuf_set(err, "%s: field 'best_gbps': %g is not a bandwidth in GB/s", path, best);
+        goto out;
+    }
     c->drive_chunk[d] = (uint64_t)req;
     c->drive_depth[d] = (int)depth;
+    c->drive_best_gbps[d] = best;
     rc = 1;
 out:
     json_decref(j);
     return rc;
 }
 
-int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, errbuf *err)
+int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, errbuf *err)
 {
-    char path[4200], buf[256];
+    char path[4200], buf[320];
     snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
     int n = snprintf(buf, sizeof buf,
-                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, "
+                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, \"best_gbps\": %.3f, "
                      "\"note\": \"deltafin doctor --drives: least in flight within 5%% of the best O_DIRECT read\"}\n",
-                     (unsigned long long)request_bytes, depth, gbps);
+                     (unsigned long long)request_bytes, depth, gbps, best_gbps);
     return file_write_atomic(path, buf, (size_t)n, err);
 }
 
 int io_drive_depth(const io_engine *e, int d) { return e->cfg.drive_depth[d]; }
+double io_drive_best_gbps(const io_engine *e, int d) { return e->cfg.drive_best_gbps[d]; }
 uint64_t io_drive_chunk(const io_engine *e, int d) { return e->cfg.drive_chunk[d]; }
 int io_total_depth(const io_engine *e)
 {

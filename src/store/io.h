@@ -29,6 +29,8 @@ typedef struct io_cfg {
     uint64_t chunk;           /* bytes per request */
     int drive_depth[IO_MAX_DRIVES];       /* per drive, from its tuning file; 0: `depth` */
     uint64_t drive_chunk[IO_MAX_DRIVES];  /* per drive, from its tuning file; 0: `chunk` */
+    double drive_best_gbps[IO_MAX_DRIVES]; /* doctor's best O_DIRECT read of the drive (tuning
+                                              file); 0: never measured */
     int ndrives;
     double emu_mbps[IO_MAX_DRIVES];   /* 0: no emulation for that drive */
     double emu_lat_us[IO_MAX_DRIVES];
@@ -47,13 +49,15 @@ void io_cfg_default(io_cfg *c);
 /* "MBps:latency_us,MBps:latency_us" -> c->emu_* for drives 0.. ; sets ndrives if larger. */
 int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
 /* Per-drive tuning measured by `deltafin doctor --drives`: IO_TUNE_FILE in the drive's folder holds
- * {"request_bytes": R, "depth": D, "gbps": G}: of the request sizes and queue depths doctor tried
- * on that drive, the one with the least data in flight that reached 95% of the best rate. io_tune_load sets c->drive_chunk[d] / drive_depth[d] from dir's file: 1 if it
+ * {"request_bytes": R, "depth": D, "gbps": G, "best_gbps": B}: of the request sizes and queue
+ * depths doctor tried on that drive, the one with the least data in flight that reached 95% of the
+ * best rate B (G: its own rate). io_tune_load sets c->drive_chunk[d] / drive_depth[d] (and
+ * drive_best_gbps[d] when the file has it: files from before it do not) from dir's file: 1 if it
  * did, 0 if there is no file, -1 (naming the file and field) if it is malformed or out of range.
  * io_tune_save writes it atomically (temp + rename). */
 #define IO_TUNE_FILE "deltafin-drive.json"
 int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err);
-int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, errbuf *err);
+int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, errbuf *err);
 
 io_engine *io_new(const io_cfg *c, errbuf *err);
 void io_free(io_engine *e);
@@ -80,6 +84,8 @@ int io_reap(io_engine *e, uint64_t *tag, int *ok, int wait, errbuf *err);
 int io_pending(const io_engine *e);
 /* Drive d's queue depth and request size as the engine uses them, and the depths' sum. */
 int io_drive_depth(const io_engine *e, int d);
+/* doctor's best O_DIRECT read rate of drive d (GB/s), 0 if it was never measured */
+double io_drive_best_gbps(const io_engine *e, int d);
 uint64_t io_drive_chunk(const io_engine *e, int d);
 int io_total_depth(const io_engine *e);
 /* When a read of len bytes queued now on drive d would be expected to finish (seconds from now),
