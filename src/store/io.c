@@ -174,39 +174,36 @@ int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
-    if (d < 0 || d >= IO_MAX_DRIVES)
-        return errbuf_set(err, "%s: drive %d is past the %d drives the engine takes", path, d, IO_MAX_DRIVES);
     if (access(path, F_OK) != 0)
         return 0;
     json_t *j = jsonr_load_file(path, err);
     if (!j)
         return -1;
+    int rc = io_tune_parse(c, d, j, path, err);
+    json_decref(j);
+    return rc;
+}
+
+int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *path, errbuf *err)
+{
     int64_t req = 0, depth = 0;
     double best = 0;
-    int rc = -1;
+    if (d < 0 || d >= IO_MAX_DRIVES)
+        return errbuf_set(err, "%s: drive %d is past the %d drives the engine takes", path, d, IO_MAX_DRIVES);
     if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0 ||
         jsonr_num(j, "best_gbps", &best, 1, path, err) != 0)
-        goto out;
-    if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096) {
-        errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
-                   (long long)req);
-        goto out;
-    }
-    if (depth < 1 || depth > TUNE_MAX_DEPTH) {
-        errbuf_set(err, "%s: field 'depth': %lld is outside [1, %d]", path, (long long)depth, TUNE_MAX_DEPTH);
-        goto out;
-    }
-    if (!(best >= 0 && best < 1e6)) {
-        errbuf_set(err, "%s: field 'best_gbps': %g is not a bandwidth in GB/s", path, best);
-        goto out;
-    }
+        return -1;
+    if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096)
+        return errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
+                          (long long)req);
+    if (depth < 1 || depth > TUNE_MAX_DEPTH)
+        return errbuf_set(err, "%s: field 'depth': %lld is outside [1, %d]", path, (long long)depth, TUNE_MAX_DEPTH);
+    if (!(best >= 0 && best < 1e6))
+        return errbuf_set(err, "%s: field 'best_gbps': %g is not a bandwidth in GB/s", path, best);
     c->drive_chunk[d] = (uint64_t)req;
     c->drive_depth[d] = (int)depth;
     c->drive_best_gbps[d] = best;
-    rc = 1;
-out:
-    json_decref(j);
-    return rc;
+    return 1;
 }
 
 int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, errbuf *err)

@@ -15,6 +15,7 @@
 #ifndef DF_STORE_IO_H
 #define DF_STORE_IO_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -57,6 +58,8 @@ int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
  * io_tune_save writes it atomically (temp + rename). */
 #define IO_TUNE_FILE "deltafin-drive.json"
 int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err);
+/* The same from a parsed file (`where` names it in errors): 1 set, -1 malformed or out of range. */
+int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *where, errbuf *err);
 int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, errbuf *err);
 
 io_engine *io_new(const io_cfg *c, errbuf *err);
