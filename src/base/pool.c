@@ -51,7 +51,7 @@ struct pool {
     pool_fn fn;
     void *ctx;
     int items, chunk;
-    _Atomic int next; /* first item not yet taken */
+    _Atomic long long next; /* first item not yet taken; 64-bit: it runs a chunk per thread past n */
     _Atomic unsigned gen;
     _Atomic int done;
     _Atomic int quit;
@@ -64,11 +64,11 @@ struct pool {
 static void run_chunks(pool *p, int tid)
 {
     for (;;) {
-        int b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
+        long long b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
         if (b >= p->items)
             return;
-        int e = p->items - b < p->chunk ? p->items : b + p->chunk;
-        p->fn(p->ctx, b, e, tid);
+        long long e = p->items - b < p->chunk ? p->items : b + p->chunk;
+        p->fn(p->ctx, (int)b, (int)e, tid);
     }
 }
 
@@ -182,7 +182,7 @@ void pool_for(pool *p, int n, pool_fn fn, void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     p->items = n;
-    p->chunk = (n + POOL_CHUNKS * p->n - 1) / (POOL_CHUNKS * p->n);
+    p->chunk = (int)(((long long)n + POOL_CHUNKS * p->n - 1) / (POOL_CHUNKS * p->n));
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     /* seq_cst, not release: this store and the load of sleepers below pair with the worker's
