@@ -32,7 +32,7 @@ static float *run(const model *m, store *st, int chunk, errbuf *err)
         pool_free(p);
         return NULL;
     }
-    session_set_experts(&s, st ? store_experts(st) : NULL);
+    session_set_weights(&s, st ? store_weights(st) : NULL);
     for (int i = 0; i < NIDS && out; i += chunk) {
         int c = NIDS - i < chunk ? NIDS - i : chunk;
         if (session_forward(&s, IDS + i, c, out + (size_t)i * m->hp.vocab, 1, err) != 0) {
@@ -45,7 +45,28 @@ static float *run(const model *m, store *st, int chunk, errbuf *err)
     return out;
 }
 
-/* a store over m (HF folder when info is NULL) with room for `slots` experts */
+/* RAM budgets: every spine resident and `slots` experts; or the least a store opens with (the
+ * globals, two spine slots, two experts: every layer's spine streams, forced for models so small
+ * that two slots hold more than their spine); or halfway between */
+enum { ALL_SPINE = 0, LEAST = -1, HALF_SPINE = -2 };
+
+static uint64_t budget_of(const blob_table *bt, int slots)
+{
+    uint64_t X = blob_padded(bt->max_expert), spine = 0, globals = bt->b[bt->global_blob].size;
+    for (int i = 0; i < bt->n_layers; i++) {
+        uint64_t sz = blob_padded(bt->b[bt->layer_blob[i]].size);
+        spine = sz > spine ? sz : spine;
+    }
+    uint64_t least = globals + STORE_SPINE_SLOTS * spine + STORE_MIN_EXPERT_SLOTS * X;
+    if (slots == LEAST)
+        return least;
+    if (slots == HALF_SPINE)
+        return (least + bt->spine_bytes) / 2;
+    return bt->spine_bytes + (uint64_t)slots * X;
+}
+
+/* a store over m (HF folder when info is NULL) with room for `slots` experts and every spine, or
+ * one of the budgets above */
 static store *open_store(model *m, const dfsp_info *info, blob_table *bt_in, int slots, int prefetch,
                          const char *emulate, errbuf *err)
 {
@@ -60,7 +81,8 @@ static store *open_store(model *m, const dfsp_info *info, blob_table *bt_in, int
     memset(&c, 0, sizeof c);
     io_cfg_default(&c.io);
     c.io.depth = 4;
-    c.ram_budget = (uint64_t)slots * ((bt.max_expert + 4095) / 4096 * 4096);
+    c.ram_budget = budget_of(&bt, slots);
+    c.spine_stream_all = slots == LEAST;
     c.prefetch = prefetch;
     c.verify = 1;
     if (emulate && io_parse_emulation(&c.io, emulate, err) != 0) {
@@ -94,6 +116,91 @@ static int prepare(const char *src, const char *dst, int ndrives, int mirrors, e
     return dfsp_prepare(src, dst, &o, &st, err);
 }
 
+/* the streamed spines' bookkeeping after `passes` passes: every streamed layer taken once per pass,
+ * each take a read on demand, a read ahead or a hit; a read ahead goes unused only at the end */
+static void check_spine_counts(const store *st, uint64_t passes, int prefetch, const char *what)
+{
+    const store_plan *pl = store_plan_get(st);
+    store_stats ss;
+    store_stats_get(st, &ss);
+    uint64_t demand = ss.spine_reads - ss.spine_prefetch_reads;
+    CHECKF(ss.spine_requests == passes * (uint64_t)pl->spine_streamed, "%s: %llu layers taken in %llu passes of %d",
+           what, (unsigned long long)ss.spine_requests, (unsigned long long)passes, pl->spine_streamed);
+    CHECKF(demand + ss.spine_prefetch_hits + ss.spine_hits == ss.spine_requests,
+           "%s: %llu demand reads + %llu read ahead and used + %llu hits != %llu taken", what,
+           (unsigned long long)demand, (unsigned long long)ss.spine_prefetch_hits, (unsigned long long)ss.spine_hits,
+           (unsigned long long)ss.spine_requests);
+    if (!prefetch)
+        CHECKF(ss.spine_prefetch_reads == 0, "%s: spines read ahead with prefetch off", what);
+    else
+        CHECKF(ss.spine_prefetch_hits > 0 && ss.spine_prefetch_reads - ss.spine_prefetch_hits <= (uint64_t)pl->spine_slots,
+               "%s: %llu spines read ahead, %llu used", what, (unsigned long long)ss.spine_prefetch_reads,
+               (unsigned long long)ss.spine_prefetch_hits);
+    CHECKF(ss.max_reads_blob_pass <= 1, "%s: a blob was read %llu times in one pass", what,
+           (unsigned long long)ss.max_reads_blob_pass);
+}
+
+/* a streamed layer as the store hands it over: every matrix moved off the model's own mapping onto
+ * a slot, holding the same bytes (so equal logits cannot come from the pass reading the mapping) */
+static void check_streamed_layers(store *st, const model *m, const char *what)
+{
+    const weight_src *xs = store_weights(st);
+    const store_plan *pl = store_plan_get(st);
+    errbuf err;
+    for (int i = 0; i < m->hp.n_layers; i++) {
+        const layer_w *L;
+        CHECKF(xs->layer(xs->ctx, i, &L, &err) == 0, "%s: layer %d: %s", what, i, err.msg);
+        layer_w a = *L, b = m->L[i];
+        kmat *ma[MODEL_LAYER_MATS], *mb[MODEL_LAYER_MATS];
+        int n = model_layer_mats(&a, ma);
+        CHECK(n == model_layer_mats(&b, mb) && n > 0);
+        for (int k = 0; k < n; k++) {
+            CHECKF((ma[k]->data != mb[k]->data) == pl->streamed[i], "%s: layer %d matrix %d: streamed %d, moved %d",
+                   what, i, k, pl->streamed[i], ma[k]->data != mb[k]->data);
+            CHECK(memcmp(ma[k]->data, mb[k]->data, (size_t)ma[k]->rows * ma[k]->row_bytes) == 0);
+            if (ma[k]->scale)
+                CHECK(ma[k]->scale != mb[k]->scale || !pl->streamed[i]);
+        }
+        xs->layer_release(xs->ctx, i);
+    }
+}
+
+/* logits through a store over `dir` (a DFSP store when dfsp, else a Hugging Face folder) opened
+ * with `slots` (a budget of the enum above), prefetch on or off, in passes of `chunk`, equal to ref
+ * bit for bit; the spines stream as planned */
+static void compare_streamed(const char *dir, int dfsp, int slots, int pf, int chunk, const float *ref,
+                             const char *what)
+{
+    errbuf err;
+    model mm, *m = &mm;
+    blob_table bt;
+    dfsp_info info;
+    if (dfsp)
+        CHECKF(dfsp_open(dir, m, &bt, &info, &err) == 0, "%s", err.msg);
+    else
+        CHECKF(model_load(m, dir, &err) == 0, "%s", err.msg);
+    store *st = open_store(m, dfsp ? &info : NULL, dfsp ? &bt : NULL, slots, pf,
+                           dfsp && info.ndrives == 3 ? "400:50,800:20,200:100" : NULL, &err);
+    CHECKF(st, "%s: %s", what, err.msg);
+    const store_plan *pl = store_plan_get(st);
+    int n = m->hp.n_layers;
+    if (slots == LEAST)
+        CHECKF(pl->spine_streamed == n, "%s: the least budget streams %d of %d spines", what, pl->spine_streamed, n);
+    if (slots == HALF_SPINE)
+        CHECKF(pl->spine_streamed > 0 && pl->spine_streamed < n, "%s: half the spine budget streams %d of %d", what,
+               pl->spine_streamed, n);
+    float *got = run(m, st, chunk, &err);
+    CHECKF(got, "%s: %s", what, err.msg);
+    int same = memcmp(got, ref, sizeof(float) * NIDS * (size_t)m->hp.vocab) == 0;
+    free(got);
+    CHECKF(same, "%s (prefetch %d, chunk %d, %d spines streamed): logits differ from resident", what, pf, chunk,
+           pl->spine_streamed);
+    check_spine_counts(st, (uint64_t)((NIDS + chunk - 1) / chunk), pf, what);
+    check_streamed_layers(st, m, what);
+    store_free(st);
+    model_free(m);
+}
+
 static void compare_all(const char *src)
 {
     errbuf err;
@@ -102,6 +209,14 @@ static void compare_all(const char *src)
     size_t bytes = sizeof(float) * NIDS * (size_t)m.hp.vocab;
     float *ref = run(&m, NULL, NIDS, &err);
     CHECKF(ref, "%s", err.msg);
+    /* Hugging Face folder with every layer's spine streamed (and half of them), T = 1 and T = 12 */
+    blob_table bt0;
+    CHECKF(blob_table_build(&bt0, &m, &err) == 0, "%s", err.msg);
+    int half = budget_of(&bt0, HALF_SPINE) > budget_of(&bt0, LEAST); /* else the model is too small */
+    blob_table_free(&bt0);
+    for (int pf = 0; pf <= 1; pf++)
+        for (int chunk = 1; chunk <= NIDS; chunk += NIDS - 1)
+            compare_streamed(src, 0, pf || !half ? LEAST : HALF_SPINE, pf, chunk, ref, "HF spine streamed");
     /* Hugging Face folder, streamed through 2 slots (nearly everything is read), T = 12 and T = 1 */
     for (int pf = 0; pf <= 1; pf++)
         for (int chunk = 1; chunk <= NIDS; chunk += NIDS - 1) {
@@ -138,6 +253,9 @@ static void compare_all(const char *src)
         CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
         CHECK(info.npacks == layouts[l][0]);
         float *mapped = run(&dm, NULL, NIDS, &err);
+        /* every spine streamed, then half of them: prefetch on and off */
+        for (int pf = 0; pf <= 1; pf++)
+            compare_streamed(dst, 1, pf || !half ? LEAST : HALF_SPINE, pf, 1 + 4 * pf, ref, name);
         store *st = open_store(&dm, &info, &bt, 3, 1, l == 2 ? "400:50,800:20,200:100" : NULL, &err);
         CHECKF(st, "%s", err.msg);
         float *streamed = run(&dm, st, 5, &err);
@@ -254,7 +372,7 @@ TEST(store_recovers_after_a_failed_load)
     size_t V = (size_t)dm.hp.vocab;
     float *out = malloc(sizeof(float) * NIDS * V);
     CHECK(p && out && session_init(&s, &dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
-    session_set_experts(&s, store_experts(st));
+    session_set_weights(&s, store_weights(st));
     CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
     CHECKF(strstr(err.msg, "layer 1 expert") && strstr(err.msg, "checksum"), "%s", err.msg);
     CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
@@ -270,6 +388,92 @@ TEST(store_recovers_after_a_failed_load)
     model_free(&ref_m);
     free(out);
     free(ref);
+}
+
+/* A streamed spine is checked like an expert: a flipped byte in the last layer's spine blob (the
+ * last layer streams in every plan that streams any) is an error naming the blob and pack, from
+ * the CLI and from doctor; through the session, the failed load poisons it, and after a reset,
+ * with the pack repaired, the same store computes exactly what the resident model does. */
+TEST(store_spine_flipped_byte_is_named)
+{
+    errbuf err;
+    model ref_m, dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
+    float *ref = run(&ref_m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    char *dst, pack[1024], cmd[8192], out[4096];
+    prepare_open(&dst, "spine-flip", 1, 1, &dm, &bt, &info);
+    int last = dm.hp.n_layers - 1, b = bt.layer_blob[last];
+    /* the middle of the blob's largest part: a matrix, not a vector the model copied at load */
+    const blob *x = &bt.b[b];
+    const blob_part *big = &bt.part[x->first_part];
+    for (int i = 1; i < x->nparts; i++)
+        if (bt.part[x->first_part + i].len > big->len)
+            big = &bt.part[x->first_part + i];
+    uint64_t off = x->copy[0].off + big->off + big->len / 2;
+    snprintf(pack, sizeof pack, "%s", info.pack_path[x->copy[0].file]);
+    flip_byte(pack, off);
+    snprintf(cmd, sizeof cmd, "%s eval --model %s --tokens 1,2,3 --logits-out %s/x.f32 --ram-budget 6M", tu_bin(), dst,
+             test_tmpdir());
+    int st = tu_run(cmd, out, sizeof out);
+    char want[64];
+    snprintf(want, sizeof want, "layer %d spine", last);
+    CHECKF(st == 1 && strstr(out, want) && strstr(out, "checksum") && strstr(out, ".pack"), "status %d: %s", st, out);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
+    st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 1 && strstr(out, want) && strstr(out, "checksum"), "doctor: status %d: %s", st, out);
+    /* the same through a session, then repaired */
+    store *sto = open_store(&dm, &info, &bt, LEAST, 1, NULL, &err);
+    CHECKF(sto, "%s", err.msg);
+    pool *p = pool_new(1, &err);
+    session s;
+    size_t V = (size_t)dm.hp.vocab;
+    float *lg = malloc(sizeof(float) * NIDS * V);
+    CHECK(p && lg && session_init(&s, &dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
+    session_set_weights(&s, store_weights(sto));
+    CHECK(session_forward(&s, IDS, 1, lg, 0, &err) != 0);
+    CHECKF(strstr(err.msg, want) && strstr(err.msg, "checksum"), "%s", err.msg);
+    CHECK(session_forward(&s, IDS, 1, lg, 0, &err) != 0 && strstr(err.msg, "part-way"));
+    flip_byte(pack, off);
+    session_reset(&s);
+    CHECKF(session_forward(&s, IDS, NIDS, lg, 1, &err) == 0, "%s", err.msg);
+    CHECK(memcmp(lg, ref, sizeof(float) * NIDS * V) == 0);
+    session_free(&s);
+    pool_free(p);
+    store_free(sto);
+    model_free(&dm);
+    model_free(&ref_m);
+    free(lg);
+    free(ref);
+}
+
+/* run with a budget below the spine: from a DFSP store and from the Hugging Face folder, the ids of
+ * the resident run, --stats saying what streamed; a budget below the least is a one-line error */
+TEST(store_spine_streams_from_the_cli)
+{
+    char cmd[8192], resident[8192], out[8192];
+    errbuf err;
+    char *dst = dir_in_tmp("spine-cli");
+    CHECKF(prepare("models/default", dst, 2, 1, &err) == 0, "%s", err.msg);
+    snprintf(cmd, sizeof cmd, "%s run --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
+    CHECK(tu_run(cmd, resident, sizeof resident) == 0);
+    resident[strcspn(resident, "\n")] = 0;
+    const char *models[2] = {dst, "models/default"}, *pf[2] = {"on", "off"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 6M --prefetch %s --stats",
+                 tu_bin(), models[k], pf[k]);
+        CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
+        CHECKF(strstr(out, "[stats] spine: 7 layers streamed through 2 slots") && strstr(out, "1 of 8 layer spines"),
+               "%s", out);
+        out[strcspn(out, "\n")] = 0;
+        CHECKF(strcmp(out, resident) == 0, "%s: %s vs %s", models[k], out, resident);
+    }
+    snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 3M", tu_bin(), dst);
+    int st = tu_run(cmd, out, sizeof out);
+    const char *nl = strchr(out, '\n');
+    CHECKF(st == 1 && strstr(out, "below the least") && strstr(out, "globals") && nl && !nl[1], "%s", out);
 }
 
 /* doctor reads every copy: a flipped byte in the second copy of a spine blob is found */
@@ -339,7 +543,7 @@ TEST(store_lookahead_guesses_are_used)
 /* The lookahead's bookkeeping, through the expert source itself: a guess its layer asks for is
  * credited once; a guess its layer does not ask for is never credited, even when a later pass
  * asks for that expert (it is an ordinary cached expert by then). */
-static void request_one(const expert_src *xs, int layer, int id)
+static void request_one(const weight_src *xs, int layer, int id)
 {
     errbuf err;
     mlp_w mats;
@@ -361,7 +565,7 @@ TEST(store_guesses_are_credited_to_their_layer)
     CHECK(layer < m.hp.n_layers);
     store *st = open_store(&m, NULL, NULL, 8, 1, NULL, &err);
     CHECKF(st, "%s", err.msg);
-    const expert_src *xs = store_experts(st);
+    const weight_src *xs = store_weights(st);
     int right = 2, wrong = 5, other = 7;
     xs->pass_begin(xs->ctx, 1);
     xs->prefetch(xs->ctx, layer, &right, 1);

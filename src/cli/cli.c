@@ -133,8 +133,9 @@ const char *CLI_STORE_HELP =
     "weight store: [--ram-budget BYTES] [--drives DIR,...] [--emulate-drives MBps:lat_us,...]\n"
     "              [--prefetch on|off] [--io uring|pread] [--no-verify]\n"
     "  --model takes a Hugging Face folder or a DFSP store (deltafin prepare). --ram-budget (e.g. 8G)\n"
-    "  bounds the RAM for weights: the spine stays resident, experts stream through a cache of\n"
-    "  what is left. Without it, everything stays mapped when it fits in 80% of physical memory.\n";
+    "  bounds the RAM for weights: the globals and as many layer spines as fit stay resident, the\n"
+    "  other layers' spines stream through two slots, experts through a cache of what is left.\n"
+    "  Without it, everything stays mapped when it fits in 80% of physical memory.\n";
 
 void cli_store_opts_default(cli_store_opts *o)
 {
@@ -261,16 +262,10 @@ int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const cha
     else
         budget = ram / 10 * 8;
     if (stream && bt.expert_bytes > 0) {
-        if (budget <= bt.spine_bytes) {
-            char hb[32], hs[32];
-            errbuf_set(err, "RAM budget %s does not cover the spine (%s, which stays resident)",
-                       human(budget, hb, sizeof hb), human(bt.spine_bytes, hs, sizeof hs));
-            goto fail;
-        }
         store_cfg sc;
         memset(&sc, 0, sizeof sc);
         io_cfg_default(&sc.io);
-        sc.ram_budget = budget - bt.spine_bytes;
+        sc.ram_budget = budget;
         sc.prefetch = so->prefetch;
         sc.verify = so->verify;
         if (so->io)
@@ -314,7 +309,7 @@ void cli_engine_close(cli_engine *e)
     memset(e, 0, sizeof *e);
 }
 
-void cli_engine_attach(cli_engine *e, struct session *s) { session_set_experts(s, e->store ? store_experts(e->store) : NULL); }
+void cli_engine_attach(cli_engine *e, struct session *s) { session_set_weights(s, e->store ? store_weights(e->store) : NULL); }
 
 void cli_engine_stats(cli_engine *e, int tokens, double seconds)
 {
@@ -324,18 +319,30 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     }
     store_stats st;
     store_stats_get(e->store, &st);
-    const blob_table *bt = store_blobs(e->store);
+    const store_plan *pl = store_plan_get(e->store);
     double tok = tokens > 0 ? tokens : 1;
     char h1[32], h2[32], h3[32], h4[32];
     fprintf(stderr,
-            "[stats] store: %s, %d expert slots of %s (%s), spine %s resident, prefetch %s (%s)\n"
-            "[stats] experts: %s read per token (spine 0), hit rate %.1f%% (%llu/%llu), read amplification "
+            "[stats] store: %s, %d expert slots of %s (%s), %s resident (globals and %d of %d layer spines), "
+            "prefetch %s (%s)\n",
+            e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store), human(store_slot_bytes(e->store), h1, 32),
+            human(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32),
+            human(pl->resident_bytes, h3, 32), e->m.hp.n_layers - pl->spine_streamed, e->m.hp.n_layers,
+            store_weights(e->store)->prefetch ? "on" : "off", store_io_note(e->store));
+    if (pl->spine_streamed > 0)
+        fprintf(stderr,
+                "[stats] spine: %d layers streamed through %d slots of %s, %s read per token, %llu of %llu layers "
+                "already in a slot, %llu read ahead (%llu used), stalled on I/O %.3f s\n",
+                pl->spine_streamed, pl->spine_slots, human(pl->spine_slot_bytes, h1, 32),
+                human(st.spine_bytes_read / tok, h2, 32), (unsigned long long)st.spine_hits,
+                (unsigned long long)st.spine_requests, (unsigned long long)st.spine_prefetch_reads,
+                (unsigned long long)st.spine_prefetch_hits, st.spine_stall_s);
+    fprintf(stderr,
+            "[stats] experts: %s read per token, hit rate %.1f%% (%llu/%llu), read amplification "
             "%.3f, stalled on I/O %.3f s, at most %llu read(s) of one blob per pass\n"
             "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu reads on "
             "demand\n",
-            e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store), human(store_slot_bytes(e->store), h1, 32),
-            human(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32), human(bt->spine_bytes, h3, 32),
-            store_experts(e->store)->prefetch ? "on" : "off", store_io_note(e->store), human(st.bytes_read / tok, h4, 32),
+            human(st.bytes_read / tok, h4, 32),
             st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0, (unsigned long long)st.hits,
             (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
             st.stall_s, (unsigned long long)st.max_reads_blob_pass, (unsigned long long)st.prefetch_reads,

@@ -1,8 +1,9 @@
 /* cli_bench.c — `deltafin bench io`: the weight store's streaming rate without compute.
  *
- * For each simulated token and each MoE layer it asks the store for top-k experts drawn at
- * random (seeded), exactly as the MoE block does (begin / next / release), and discards them:
- * what remains is the cache, the read engine and the drives. Reports GB/s delivered and its ratio
+ * For each simulated token and each layer it takes the layer's weights as a pass does (a streamed
+ * spine is read), and for each MoE layer asks the store for top-k experts drawn at random
+ * (seeded), exactly as the MoE block does (begin / next / release), and discards them: what
+ * remains is the cache, the read engine and the drives. Reports GB/s delivered and its ratio
  * to a bandwidth given with --drive-gbs (doctor's measurement, or N x an emulated drive).
  * With --prefetch on, each layer's experts are hinted while the layer before is read: a router
  * lookahead that is always right, the upper bound of what prefetch can do for the I/O. */
@@ -93,7 +94,7 @@ int cmd_bench(int argc, char **argv)
         return cli_fail(cmd, &err);
     }
     const hparams *hp = &e.m.hp;
-    const expert_src *xs = store_experts(e.store);
+    const weight_src *xs = store_weights(e.store);
     int K = hp->top_k, E = hp->n_experts, L = hp->n_layers, rc = 1;
     int *ids = malloc(sizeof(int) * (size_t)K * (size_t)L); /* [layer][K]: this token's and the next's */
     if (!ids) {
@@ -108,8 +109,13 @@ int cmd_bench(int argc, char **argv)
             draw(&r, E, K, ids + (size_t)l * K);
         xs->pass_begin(xs->ctx, 1);
         for (int l = 0; l < L; l++) {
-            if (hp->ffn_kind[l] != FFN_MOE)
+            const layer_w *lw;
+            if (xs->layer(xs->ctx, l, &lw, &err) != 0)
+                goto out;
+            if (hp->ffn_kind[l] != FFN_MOE) {
+                xs->layer_release(xs->ctx, l);
                 continue;
+            }
             if (xs->begin(xs->ctx, l, ids + (size_t)l * K, K, &err) != 0)
                 goto out;
             if (xs->prefetch)
@@ -128,14 +134,16 @@ int cmd_bench(int argc, char **argv)
                     goto out;
                 xs->release(xs->ctx, l, id);
             }
+            xs->layer_release(xs->ctx, l);
         }
     }
     double dt = timer_now() - t0;
     store_stats st;
     store_stats_get(e.store, &st);
-    double gbs = st.bytes_read / 1e9 / dt;
-    printf("bench io: %ld tokens, %.1f MB read per token, %.2f s, %.2f GB/s delivered", tokens,
-           st.bytes_read / 1e6 / (double)tokens, dt, gbs);
+    double gbs = (st.bytes_read + st.spine_bytes_read) / 1e9 / dt;
+    printf("bench io: %ld tokens, %.1f MB read per token (%.1f MB of it spine), %.2f s, %.2f GB/s delivered", tokens,
+           (st.bytes_read + st.spine_bytes_read) / 1e6 / (double)tokens, st.spine_bytes_read / 1e6 / (double)tokens,
+           dt, gbs);
     if (drive_gbs > 0)
         printf(", %.2f of %.2f GB/s", gbs / drive_gbs, drive_gbs);
     printf(", hit rate %.1f%%\n", st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0);

@@ -183,9 +183,9 @@ void session_rollback(session *s, const session_ckpt *c)
 }
 
 /* Each block's scratch is released when it returns: only its output survives. */
-static int run_attn(const blk *b, int i, layer_state *st, int pos0, const float *x, int T, float *out)
+static int run_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
+                    float *out)
 {
-    const layer_w *L = &b->m->L[i];
     size_t mark = arena_mark(b->ar);
     int rc;
     switch (b->hp->attn_kind[i]) {
@@ -202,11 +202,10 @@ static int run_attn(const blk *b, int i, layer_state *st, int pos0, const float 
     return rc;
 }
 
-static int run_ffn(const blk *b, int i, const float *x, int T, float *out)
+static int run_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
 {
-    const layer_w *L = &b->m->L[i];
     size_t mark = arena_mark(b->ar);
-    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, i, x, T, out)
+    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, i, &L->moe, x, T, out)
                                            : blk_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
     arena_rewind(b->ar, mark);
     return rc;
@@ -237,10 +236,26 @@ static int guess_wanted(const blk *b, int i)
     return b->xs && b->xs->prefetch && i < b->hp->n_layers && b->hp->ffn_kind[i] == FFN_MOE;
 }
 
-static void guess_next(const blk *b, int i, const float *in, int T, float *x)
+static void guess_next(const blk *b, int i, const layer_w *L, const float *in, int T, float *x)
 {
-    blk_rmsnorm(b, in, b->m->L[i].post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
-    blk_moe_guess(b, i, x, T);
+    blk_rmsnorm(b, in, L->post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
+    blk_moe_guess(b, i, &L->moe, x, T);
+}
+
+/* Layer i's weights for this pass: the model's own, or the weight source's (a streamed spine). */
+static int layer_get(const blk *b, int i, const layer_w **L)
+{
+    if (b->xs && b->xs->layer)
+        return b->xs->layer(b->xs->ctx, i, L, b->err);
+    *L = &b->m->L[i];
+    return 0;
+}
+
+static void layer_put(const blk *b, int i, const layer_w **L)
+{
+    if (*L && b->xs && b->xs->layer_release)
+        b->xs->layer_release(b->xs->ctx, i);
+    *L = NULL;
 }
 
 int session_forward(session *s, const int32_t *tokens, int T, float *logits, int all_logits, errbuf *err)
@@ -266,13 +281,16 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
         s->xs->pass_begin(s->xs->ctx, T);
     size_t TH = (size_t)T * H;
     float *h = blk_alloc(&b, TH), *x = blk_alloc(&b, TH), *a = blk_alloc(&b, TH);
-    int rc = -1;
+    const layer_w *L = NULL; /* layer `li`'s weights, held from before its lookahead to its end */
+    int rc = -1, li = 0;
     if (!h || !x || !a)
         goto out;
     for (int t = 0; t < T; t++)
         s->k->decode_rows(&m->embed, tokens[t], tokens[t] + 1, h + (size_t)t * H);
+    if (layer_get(&b, 0, &L))
+        goto out;
     if (guess_wanted(&b, 0)) /* layer 0's FFN input, less its attention: the embedding */
-        guess_next(&b, 0, h, T, x);
+        guess_next(&b, 0, L, h, T, x);
     if (hp->attnres_block > 0) {
         int ns = 0, B = hp->attnres_block;
         float *stack[MODEL_MAX_BLOCKS];
@@ -281,7 +299,6 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
         if (!mixed || !stack_mem)
             goto out;
         for (int i = 0; i < hp->n_layers; i++) {
-            const layer_w *L = &m->L[i];
             const float *in = prefix;
             if (ns > 0) {
                 mix_rows(&b, stack, ns, prefix, L->res_u[0], T, mixed);
@@ -293,7 +310,7 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
                 memcpy(stack[ns++], prefix, TH * sizeof(float));
             }
             blk_rmsnorm(&b, in, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, &s->L[i], pos0, x, T, a))
+            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
                 goto out;
             if (restart)
                 memcpy(prefix, a, TH * sizeof(float));
@@ -302,32 +319,41 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
                     prefix[j] += a[j];
             mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
             blk_rmsnorm(&b, mixed, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, x, T, a))
+            if (run_ffn(&b, i, L, x, T, a))
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 prefix[j] += a[j];
+            layer_put(&b, li, &L);
+            if (i + 1 == hp->n_layers)
+                break;
+            if (layer_get(&b, li = i + 1, &L))
+                goto out;
             if (guess_wanted(&b, i + 1)) { /* layer i+1's FFN input, less its attention */
-                mix_rows(&b, stack, ns, prefix, m->L[i + 1].res_u[1], T, mixed);
-                guess_next(&b, i + 1, mixed, T, x);
+                mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
+                guess_next(&b, i + 1, L, mixed, T, x);
             }
         }
         mix_rows(&b, stack, ns, prefix, m->out_res_u, T, x);
         memcpy(h, x, TH * sizeof(float));
     } else {
         for (int i = 0; i < hp->n_layers; i++) {
-            const layer_w *L = &m->L[i];
             blk_rmsnorm(&b, h, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, &s->L[i], pos0, x, T, a))
+            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 h[j] += a[j];
             blk_rmsnorm(&b, h, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, x, T, a))
+            if (run_ffn(&b, i, L, x, T, a))
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 h[j] += a[j];
+            layer_put(&b, li, &L);
+            if (i + 1 == hp->n_layers)
+                break;
+            if (layer_get(&b, li = i + 1, &L))
+                goto out;
             if (guess_wanted(&b, i + 1))
-                guess_next(&b, i + 1, h, T, x);
+                guess_next(&b, i + 1, L, h, T, x);
         }
     }
     if (logits) {
@@ -338,6 +364,7 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
     s->n_pos += T;
     rc = 0;
 out:
+    layer_put(&b, li, &L); /* a pass that failed part-way still gives its layer back */
     s->poisoned = rc != 0; /* some layers may have advanced their state */
     arena_rewind(&s->ar, mark);
     return rc;

@@ -35,7 +35,7 @@ typedef struct session {
     float *state_mem;  /* one block holding every layer's state */
     size_t rec_floats; /* recurrent part (KDA S + conv) at the start of state_mem */
     arena ar;          /* pass scratch */
-    const expert_src *xs; /* borrowed; NULL = the model's own expert views (all resident) */
+    const weight_src *xs; /* borrowed; NULL = the model's own views (all resident) */
     int poisoned;      /* a pass failed part-way: state is inconsistent until reset/rollback */
 } session;
 
@@ -47,7 +47,7 @@ typedef struct session_ckpt {
 int session_init(session *s, const model *m, const kern_ops *k, pool *p, int cap, int max_T, errbuf *err);
 void session_free(session *s);
 /* Routes expert reads through a source (the weight store); NULL restores the model's views. */
-static inline void session_set_experts(session *s, const expert_src *xs) { s->xs = xs; }
+static inline void session_set_weights(session *s, const weight_src *xs) { s->xs = xs; }
 /* Back to position 0 with zero state. */
 void session_reset(session *s);
 

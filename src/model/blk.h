@@ -32,13 +32,20 @@ typedef struct layer_state {
                      GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
 } layer_state;
 
-/* Where routed experts' bytes come from during a pass (the weight store implements this).
- * NULL in blk means the model's own views: every expert resident. The MoE block asks for the
- * union of its positions' experts with begin(), computes each expert as next() hands it over (in
- * whatever order the bytes arrive: results are summed in a fixed order afterwards, so the order
- * never changes a bit), and release()s it. */
-typedef struct expert_src {
+/* Where a pass's weights come from when they do not all sit in RAM (the weight store implements
+ * this). NULL in blk means the model's own views: everything resident.
+ *
+ * Layers: the pass takes each layer's weights with layer() before using them and gives them back
+ * with layer_release() when done (at most one layer held at a time); *out is the model's own
+ * layer when it is resident, else a copy whose matrices lie in a streamed image of the layer's
+ * spine blob (the same bytes: the same bits).
+ * Experts: the MoE block asks for the union of its positions' experts with begin(), computes each
+ * expert as next() hands it over (in whatever order the bytes arrive: results are summed in a
+ * fixed order afterwards, so the order never changes a bit), and release()s it. */
+typedef struct weight_src {
     void *ctx;
+    int (*layer)(void *ctx, int layer, const layer_w **out, errbuf *err);
+    void (*layer_release)(void *ctx, int layer);
     int (*begin)(void *ctx, int layer, const int *ids, int n, errbuf *err);
     /* 1 with *id and its matrices (valid until release), 0 when all were handed over, -1 error */
     int (*next)(void *ctx, int *id, mlp_w *mats, errbuf *err);
@@ -47,7 +54,7 @@ typedef struct expert_src {
     void (*prefetch)(void *ctx, int layer, const int *ids, int n);
     /* optional: a new pass begins (for per-pass statistics) */
     void (*pass_begin)(void *ctx, int tokens);
-} expert_src;
+} weight_src;
 
 typedef struct blk {
     const model *m;
@@ -56,7 +63,7 @@ typedef struct blk {
     pool *pool;
     arena *ar;       /* pass scratch */
     errbuf *err;
-    const expert_src *xs; /* NULL: experts from the model's views */
+    const weight_src *xs; /* NULL: every weight from the model's views */
 } blk;
 
 /* Float scratch from the pass arena; NULL (with b->err set) if the arena is exhausted. */
@@ -83,9 +90,10 @@ int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
-int blk_moe(const blk *b, int layer, const float *x, int T, float *out);
-/* Router lookahead: prefetches (b->xs) the experts `layer`'s router picks for x [T][hidden]; a hint
- * that changes no result. No-op without an expert source with prefetch, or for a dense layer. */
-void blk_moe_guess(const blk *b, int layer, const float *x, int T);
+/* w: layer `layer`'s MoE weights (its routed experts come from b->xs when there is one) */
+int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out);
+/* Router lookahead: prefetches (b->xs) the experts `layer`'s router (in w) picks for x [T][hidden];
+ * a hint that changes no result. No-op without a weight source with prefetch, or for a dense layer. */
+void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int T);
 
 #endif

@@ -95,7 +95,7 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
 /* Router lookahead: starts the reads of the experts layer `layer` would pick for x (a stand-in for
  * its FFN input, which does not exist yet); only a hint, nothing is decided by it. Scratch from
  * the arena, given back. */
-void blk_moe_guess(const blk *b, int layer, const float *x, int T)
+void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int T)
 {
     const hparams *hp = b->hp;
     if (!b->xs || !b->xs->prefetch || layer >= hp->n_layers || hp->ffn_kind[layer] != FFN_MOE)
@@ -105,7 +105,6 @@ void blk_moe_guess(const blk *b, int layer, const float *x, int T)
     float *wt = blk_alloc(b, (size_t)hp->top_k), *logit = blk_alloc(b, (size_t)T * hp->n_experts),
           *tmp = blk_alloc(b, 2 * (size_t)hp->n_experts);
     if (sel && wt && logit && tmp) { /* else: a hint only */
-        const moe_w *w = &b->m->L[layer].moe;
         blk_matmul(b, &w->router, x, T, logit);
         for (int t = 0; t < T; t++) {
             route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
@@ -115,10 +114,9 @@ void blk_moe_guess(const blk *b, int layer, const float *x, int T)
     arena_rewind(b->ar, mark);
 }
 
-int blk_moe(const blk *b, int layer, const float *x, int T, float *out)
+int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
-    const moe_w *w = &b->m->L[layer].moe;
     int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
     float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, 2 * (size_t)E);
     float *wt = blk_alloc(b, (size_t)T * K), *slots = blk_alloc(b, (size_t)T * K * D);

@@ -321,6 +321,23 @@ out:
     return rc;
 }
 
+int model_layer_mats(layer_w *L, kmat **out)
+{
+    kmat *all[MODEL_LAYER_MATS] = {
+        &L->kda.q,       &L->kda.k,      &L->kda.v,         &L->kda.f_a,     &L->kda.f_b,   &L->kda.b,
+        &L->kda.g,       &L->kda.g_a,    &L->kda.g_b,       &L->kda.o,       &L->mla.q,     &L->mla.q_a,
+        &L->mla.q_b,     &L->mla.kv_a,   &L->mla.kv_b,      &L->mla.g,       &L->mla.o,     &L->gqa.q,
+        &L->gqa.k,       &L->gqa.v,      &L->gqa.o,         &L->mlp.gate,    &L->mlp.up,    &L->mlp.down,
+        &L->moe.router,  &L->moe.lat_down, &L->moe.lat_up,  &L->moe.shared.gate, &L->moe.shared.up,
+        &L->moe.shared.down,
+    };
+    int n = 0;
+    for (int i = 0; i < MODEL_LAYER_MATS; i++)
+        if (all[i]->data)
+            out[n++] = all[i];
+    return n;
+}
+
 void model_free(model *m)
 {
     for (int i = 0; i < m->n_owned; i++)

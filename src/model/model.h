@@ -140,6 +140,11 @@ typedef struct model {
 } model;
 
 int model_load(model *m, const char *dir, errbuf *err);
+/* Every matrix of a layer outside its routed experts (attention, router, latent projections,
+ * shared experts, dense MLP) that the layer binds, as pointers into *L: the views a weight store
+ * moves onto a streamed copy of the layer. Returns how many (at most MODEL_LAYER_MATS). */
+enum { MODEL_LAYER_MATS = 30 };
+int model_layer_mats(layer_w *L, kmat **out);
 /* The same with the tensors supplied by the caller (a weight store's packs); the model takes
  * ownership of *tensors (also on failure). dir still provides config.json. */
 int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err);

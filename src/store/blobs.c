@@ -58,11 +58,13 @@ void blob_name(const blob *b, char *buf, size_t cap)
 /* where a matrix's data or scale pointer lies in blob b's parts */
 static int locate(const blob_table *t, const model *m, const blob *b, const uint8_t *p, uint64_t *off)
 {
+    uintptr_t a = (uintptr_t)p; /* compared as integers: p and the tensors may be unrelated objects */
     for (int i = 0; i < b->nparts; i++) {
         const blob_part *pt = &t->part[b->first_part + i];
         const st_tensor *x = &m->st.t[pt->tensor];
-        if (p >= x->data && p < x->data + (x->end - x->begin)) {
-            *off = pt->off + (uint64_t)(p - x->data);
+        uintptr_t lo = (uintptr_t)x->data;
+        if (a >= lo && a - lo < x->end - x->begin) {
+            *off = pt->off + (a - lo);
             return 0;
         }
     }
@@ -77,9 +79,10 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
     t->n_experts = m->hp.n_experts > 0 ? m->hp.n_experts : 1;
     size_t ne = (size_t)t->n_layers * t->n_experts;
     t->expert_blob = malloc(sizeof(int) * ne);
+    t->layer_blob = malloc(sizeof(int) * (size_t)(t->n_layers ? t->n_layers : 1));
     t->part = malloc(sizeof *t->part * (size_t)(s->n ? s->n : 1));
     t->b = malloc(sizeof *t->b * (size_t)(s->n ? s->n : 1));
-    if (!t->expert_blob || !t->part || !t->b) {
+    if (!t->expert_blob || !t->layer_blob || !t->part || !t->b) {
         blob_table_free(t);
         return errbuf_set(err, "blob table: out of memory");
     }
@@ -136,6 +139,9 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
             t->part[x->first_part + x->nparts++].tensor = i;
         }
     t->nparts = at;
+    t->global_blob = other[0];
+    for (int i = 0; i < t->n_layers; i++)
+        t->layer_blob[i] = other[i + 1];
     for (int b = 0; b < t->n; b++) {
         blob *x = &t->b[b];
         uint64_t off = 0;
@@ -181,7 +187,28 @@ void blob_table_free(blob_table *t)
     free(t->b);
     free(t->part);
     free(t->expert_blob);
+    free(t->layer_blob);
     memset(t, 0, sizeof *t);
+}
+
+int blob_bind_layer(const blob_table *t, const model *m, int b, const uint8_t *base, layer_w *out)
+{
+    const blob *x = &t->b[b];
+    *out = m->L[x->layer];
+    kmat *mats[MODEL_LAYER_MATS];
+    int n = model_layer_mats(out, mats);
+    for (int k = 0; k < n; k++) {
+        uint64_t off;
+        if (locate(t, m, x, mats[k]->data, &off) != 0)
+            return -1;
+        mats[k]->data = base + off;
+        if (mats[k]->scale) {
+            if (locate(t, m, x, mats[k]->scale, &off) != 0)
+                return -1;
+            mats[k]->scale = base + off;
+        }
+    }
+    return 0;
 }
 
 void blob_bind_expert(const blob_table *t, const model *m, int b, const uint8_t *base, mlp_w *out)

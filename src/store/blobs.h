@@ -52,8 +52,10 @@ typedef struct blob_table {
     blob_part *part;    /* [nparts] */
     int nparts;
     int *expert_blob;   /* [n_layers * n_experts]: blob id of (layer, expert), -1 if none */
+    int *layer_blob;    /* [n_layers]: blob id of the layer's spine, -1 if none */
+    int global_blob;    /* the model's global tensors (embedding, final norm, output head), -1 if none */
     int n_layers, n_experts;
-    uint64_t expert_bytes, spine_bytes; /* totals */
+    uint64_t expert_bytes, spine_bytes; /* totals (spine_bytes: layer spines and globals) */
     uint64_t max_expert; /* largest expert image */
 } blob_table;
 
@@ -62,6 +64,10 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err);
 void blob_table_free(blob_table *t);
 /* Binds expert blob b's matrices to an image at base (views valid while base is). */
 void blob_bind_expert(const blob_table *t, const model *m, int b, const uint8_t *base, mlp_w *out);
+/* Binds spine blob b (a layer's) to an image at base: *out is the model's layer with every matrix
+ * (model_layer_mats) moved onto the image; its float vectors stay the model's. -1 if one of the
+ * layer's matrices lies outside the blob's tensors (then the layer cannot stream). */
+int blob_bind_layer(const blob_table *t, const model *m, int b, const uint8_t *base, layer_w *out);
 /* "layer 3 expert 17", "layer 3 spine", "globals" */
 void blob_name(const blob *b, char *buf, size_t cap);
 

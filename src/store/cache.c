@@ -1,9 +1,13 @@
-/* cache.c — the expert cache and its expert_src (see store.h).
+/* cache.c — the store's slots and its weight_src (see store.h): the expert cache and the
+ * streamed spines.
  *
- * Slot states: EMPTY -> LOADING (reads in flight) -> READY. A request (one layer of one pass)
- * lists its experts; each item is READY (handed over on the next call to next()), LOADING, or
- * waiting for a slot (when every slot is pinned, items are issued as earlier ones are released).
- * Only the engine's compute thread calls into the cache.
+ * Slots 0 .. nx-1 hold experts, nx .. nx+ns-1 streamed layer spines; both kinds share the reading,
+ * checking and failure paths. Slot states: EMPTY -> LOADING (reads in flight) -> READY. A request
+ * (one layer of one pass) lists its experts; each item is READY (handed over on the next call to
+ * next()), LOADING, or waiting for a slot (when every slot is pinned, items are issued as earlier
+ * ones are released). A pass holds at most one spine slot (the layer it is in); the other spine
+ * slots hold the next streamed layers, read ahead with prefetch on.
+ * Only the engine's compute thread calls into the store.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,7 +33,8 @@ typedef struct slot {
     int bad;         /* BAD_*: why the load failed (reported to the request that needs it) */
     uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
-    int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess */
+    int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess;
+                        for a spine slot, the layer it holds */
     uint64_t stamp;  /* last use */
 } slot;
 
@@ -44,15 +49,18 @@ struct store {
     int ndrives;
     store_cfg cfg;
     char heat_path[1024]; /* cfg.heat_path points here */
-    /* slots */
-    int nslots;
-    uint64_t slot_bytes;
-    uint8_t *mem;    /* [nslots * slot_bytes], mmap'd */
+    /* slots: nx experts of slot_bytes, then ns spines of spine_bytes */
+    store_plan plan;
+    int nslots, nx, ns;
+    uint64_t slot_bytes, spine_bytes;
+    uint8_t *mem;    /* [nx * slot_bytes + ns * spine_bytes], mmap'd */
     size_t mem_bytes;
     slot *sl;
     int *blob_slot;  /* [nblobs] */
     uint8_t *verified;
     uint32_t *heat;  /* [nblobs] routing counts */
+    layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot when a pass takes it */
+    int spine_pf_after; /* a layer whose next streamed spines are still to be read ahead, or -1 */
     uint64_t clock;
     char io_note[300];  /* how reads are done (store_io_note) */
     /* the current request */
@@ -63,7 +71,7 @@ struct store {
     uint64_t pass;
     uint64_t *read_pass;  /* [nblobs] pass of the last read */
     uint32_t *reads_in_pass;
-    expert_src xs;
+    weight_src xs;
 };
 
 int store_parse_bytes(const char *s, uint64_t *out)
@@ -94,7 +102,12 @@ uint64_t store_physical_ram(void)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-static uint8_t *slot_mem(const store *s, int k) { return s->mem + (size_t)k * s->slot_bytes; }
+static uint8_t *slot_mem(const store *s, int k)
+{
+    if (k < s->nx)
+        return s->mem + (size_t)k * s->slot_bytes;
+    return s->mem + (size_t)s->nx * s->slot_bytes + (size_t)(k - s->nx) * s->spine_bytes;
+}
 
 static void heat_load(store *s)
 {
@@ -164,8 +177,9 @@ static int unissue(store *s, int k, int submitted)
     return -1;
 }
 
-/* starts the reads of blob b into slot k */
-static int issue(store *s, int k, int b, errbuf *err)
+/* starts the reads of blob b into slot k, for pass `for_pass` (the current one, or the next for a
+ * spine read ahead across the end of a pass) */
+static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
 {
     const blob *x = &s->bt.b[b];
     slot *sl = &s->sl[k];
@@ -177,16 +191,18 @@ static int issue(store *s, int k, int b, errbuf *err)
     sl->prefetched = 0;
     s->blob_slot[b] = k;
     uint8_t *dst = slot_mem(s, k);
-    if (s->read_pass[b] == s->pass) {
+    if (s->read_pass[b] == for_pass) {
         if (++s->reads_in_pass[b] > s->st.max_reads_blob_pass)
             s->st.max_reads_blob_pass = s->reads_in_pass[b];
     } else {
-        s->read_pass[b] = s->pass;
+        s->read_pass[b] = for_pass;
         s->reads_in_pass[b] = 1;
         if (s->st.max_reads_blob_pass < 1)
             s->st.max_reads_blob_pass = 1;
     }
-    s->st.reads++;
+    int spine = x->kind != BLOB_EXPERT;
+    uint64_t *bytes = spine ? &s->st.spine_bytes_read : &s->st.bytes_read;
+    *(spine ? &s->st.spine_reads : &s->st.reads) += 1;
     if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first */
         int best = 0;
         double bt = 0;
@@ -198,7 +214,7 @@ static int issue(store *s, int k, int b, errbuf *err)
             }
         }
         sl->reads_left = 1;
-        s->st.bytes_read += blob_padded(x->size);
+        *bytes += blob_padded(x->size);
         if (io_read(s->io, s->file_id[x->copy[best].file], x->copy[best].off, blob_padded(x->size), dst, (uint64_t)k,
                     err) != 0)
             return unissue(s, k, 0);
@@ -208,7 +224,7 @@ static int issue(store *s, int k, int b, errbuf *err)
     for (int i = 0; i < x->nparts; i++) {
         const blob_part *pt = &s->bt.part[x->first_part + i];
         const st_tensor *t = &s->m->st.t[pt->tensor];
-        s->st.bytes_read += pt->len;
+        *bytes += pt->len;
         if (io_read(s->io, s->file_id[t->file], t->file_off, pt->len, dst + pt->off, (uint64_t)k, err) != 0)
             return unissue(s, k, i);
     }
@@ -222,7 +238,7 @@ static int issue(store *s, int k, int b, errbuf *err)
 static int victim_pass(store *s, int spare_prefetched)
 {
     int best = -1;
-    for (int k = 0; k < s->nslots; k++) {
+    for (int k = 0; k < s->nx; k++) {
         slot *sl = &s->sl[k];
         if (sl->pins > 0 || sl->state == S_LOADING)
             continue;
@@ -312,6 +328,7 @@ static void request_close(store *s)
 static void request_abandon(store *s)
 {
     request_close(s);
+    s->spine_pf_after = -1;
     errbuf ignored;
     while (io_pending(s->io) > 0 && reap(s, 1, &ignored) == 1) {
     }
@@ -326,7 +343,7 @@ static int start_item(store *s, int i, errbuf *err)
     int v = victim(s, 0);
     if (v < 0)
         return 0;
-    if (issue(s, v, s->items_blob[i], err) != 0) {
+    if (issue(s, v, s->items_blob[i], s->pass, err) != 0) {
         if (s->sl[v].blob == s->items_blob[i]) { /* reads in flight: the slot is this item's */
             s->sl[v].pins++;
             s->items_state[i] = R_LOADING;
@@ -384,7 +401,7 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
             return -1;
     /* guesses for this layer that it did not ask for were wrong: from now on plain cached experts
      * (kept from eviction no longer, and never counted as used by a later pass) */
-    for (int k = 0; k < s->nslots; k++)
+    for (int k = 0; k < s->nx; k++)
         if (s->sl[k].prefetched && s->sl[k].pf_layer == layer)
             s->sl[k].prefetched = 0;
     return 0;
@@ -433,17 +450,160 @@ static int next_item(store *s, int *id, mlp_w *mats, errbuf *err)
             if (waiting)
                 return errbuf_set(err, "expert cache: %d slots are all pinned; the RAM budget is too small for "
                                        "this pass",
-                                  s->nslots);
+                                  s->nx);
         }
     }
 }
 
-/* Any failure ends the request: see request_abandon. */
+/* ---- streamed spines ---- */
+
+/* how many layers after `from` (cyclically: the next pass starts again at layer 0) layer `to` runs */
+static int layers_ahead(const store *s, int from, int to)
+{
+    int n = s->m->hp.n_layers;
+    return ((to - from) % n + n) % n;
+}
+
+/* a spine slot to read layer `want` into while the pass is at layer `at`: empty first, else the
+ * unpinned, settled slot whose layer runs furthest ahead, and only if that is after `want` (a
+ * read ahead never displaces a layer needed sooner than its own) */
+static int spine_victim(store *s, int at, int want)
+{
+    int best = -1, best_ahead = -1;
+    for (int k = s->nx; k < s->nslots; k++) {
+        slot *sl = &s->sl[k];
+        if (sl->pins > 0 || sl->state == S_LOADING)
+            continue;
+        if (sl->blob < 0)
+            return k;
+        int ahead = layers_ahead(s, at, s->bt.b[sl->blob].layer);
+        if (ahead > best_ahead) {
+            best = k;
+            best_ahead = ahead;
+        }
+    }
+    return best >= 0 && best_ahead > layers_ahead(s, at, want) ? best : -1;
+}
+
+/* Reads ahead the streamed spines that follow layer spine_pf_after, as many as there are spine
+ * slots besides the one in use. Called once the current layer's expert reads are queued (they
+ * are needed first), or when the layer has none. A hint: failures surface on demand. */
+static void spine_read_ahead(store *s)
+{
+    int at = s->spine_pf_after, n = s->m->hp.n_layers, want = 0;
+    s->spine_pf_after = -1;
+    if (at < 0 || !s->cfg.prefetch)
+        return;
+    for (int k = s->nx; k < s->nslots; k++)
+        want += s->sl[k].pins == 0;
+    errbuf err;
+    for (int d = 1; d < n && want > 0; d++) {
+        int j = (at + d) % n;
+        if (!s->plan.streamed[j])
+            continue;
+        want--;
+        int b = s->bt.layer_blob[j];
+        if (s->blob_slot[b] >= 0)
+            continue; /* in a slot or on its way */
+        int v = spine_victim(s, at, j);
+        if (v < 0 || issue(s, v, b, j > at ? s->pass : s->pass + 1, &err) != 0)
+            return;
+        s->sl[v].prefetched = 1;
+        s->sl[v].pf_layer = j;
+        s->st.spine_prefetch_reads++;
+    }
+}
+
+/* the layer's weights: the model's own when its spine is resident; else its spine blob in a
+ * spine slot (read now unless it is there or on its way), the layer bound to it */
+static int xs_layer(void *ctx, int layer, const layer_w **out, errbuf *err)
+{
+    store *s = ctx;
+    *out = NULL;
+    if (s->ns == 0) {
+        *out = &s->m->L[layer];
+        return 0;
+    }
+    if (!s->plan.streamed[layer]) { /* resident: the streamed layers after it can load meanwhile */
+        *out = &s->m->L[layer];
+        s->spine_pf_after = layer;
+        if (s->m->hp.ffn_kind[layer] != FFN_MOE)
+            spine_read_ahead(s);
+        return 0;
+    }
+    int b = s->bt.layer_blob[layer], k = s->blob_slot[b];
+    s->st.spine_requests++;
+    if (k >= 0 && s->sl[k].state == S_READY && s->sl[k].bad && s->sl[k].pins == 0) {
+        slot_drop(s, k); /* a read that failed earlier: read it again */
+        k = -1;
+    }
+    double t0 = timer_now();
+    if (k < 0) {
+        while ((k = spine_victim(s, layer, layer)) < 0) /* every free slot is still loading */
+            if (reap(s, 1, err) != 1) {
+                s->st.spine_stall_s += timer_now() - t0;
+                return errbuf_set(err, "store: no spine slot frees up for layer %d", layer);
+            }
+        if (issue(s, k, b, s->pass, err) != 0)
+            goto fail;
+    } else if (s->sl[k].prefetched) {
+        s->st.spine_prefetch_hits++;
+    } else if (s->sl[k].state == S_READY) {
+        s->st.spine_hits++;
+    }
+    s->sl[k].prefetched = 0;
+    s->sl[k].pf_layer = layer;
+    s->sl[k].pins++;
+    while (s->sl[k].state == S_LOADING) {
+        int r = reap(s, 1, err);
+        if (r < 0 || (r == 0 && io_pending(s->io) == 0)) {
+            if (r == 0)
+                errbuf_set(err, "store: layer %d's spine is loading with no read in flight", layer);
+            s->sl[k].pins--;
+            goto fail;
+        }
+    }
+    s->st.spine_stall_s += timer_now() - t0;
+    if (s->sl[k].bad) {
+        bad_report(s, k, err);
+        s->sl[k].pins--;
+        goto fail;
+    }
+    layer_w *L = &s->spine_L[k - s->nx];
+    blob_bind_layer(&s->bt, s->m, b, slot_mem(s, k), L); /* checked for every streamed layer at open */
+    *out = L;
+    s->spine_pf_after = layer;
+    if (s->m->hp.ffn_kind[layer] != FFN_MOE) /* no expert reads to let go first */
+        spine_read_ahead(s);
+    return 0;
+fail:
+    s->st.spine_stall_s += timer_now() - t0;
+    request_abandon(s);
+    return -1;
+}
+
+static void xs_layer_release(void *ctx, int layer)
+{
+    store *s = ctx;
+    if (s->plan.streamed[layer]) {
+        int k = s->blob_slot[s->bt.layer_blob[layer]];
+        if (k >= 0 && s->sl[k].pins > 0) {
+            s->sl[k].pins--;
+            s->sl[k].stamp = ++s->clock;
+        }
+    }
+    spine_read_ahead(s); /* if the layer never asked for experts */
+}
+
+/* Any failure ends the request: see request_abandon. Once the misses are queued, the next streamed
+ * spines may be read ahead behind them. */
 static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
 {
     store *s = ctx;
-    if (begin_request(s, layer, ids, n, err) == 0)
+    if (begin_request(s, layer, ids, n, err) == 0) {
+        spine_read_ahead(s);
         return 0;
+    }
     request_abandon(s);
     return -1;
 }
@@ -483,7 +643,7 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
             return;
         if (s->sl[v].blob >= 0 && s->heat[s->sl[v].blob] > 2 * s->heat[b] + 2)
             continue; /* a guess does not displace an expert routed more often than it */
-        if (issue(s, v, b, &err) != 0)
+        if (issue(s, v, b, s->pass, &err) != 0)
             return; /* a hint: the demand path will report real errors */
         s->sl[v].prefetched = 1;
         s->sl[v].pf_layer = layer;
@@ -523,21 +683,24 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         store_free(s);
         return errbuf_set(err, "%s: the model has no routed experts to stream", m->dir);
     }
-    s->slot_bytes = blob_padded(s->bt.max_expert);
-    uint64_t slots = cfg->ram_budget / s->slot_bytes;
-    if (slots < 2) {
+    s->spine_pf_after = -1;
+    if (store_plan_make(&s->bt, cfg->ram_budget, cfg->spine_stream_all, &s->plan, err) != 0) {
         store_free(s);
-        return errbuf_set(err, "--ram-budget %.1f MB holds fewer than 2 experts of %.1f MB", cfg->ram_budget / 1e6,
-                          s->slot_bytes / 1e6);
+        return -1;
     }
-    uint64_t all = 0;
+    s->slot_bytes = s->plan.expert_slot_bytes;
+    s->spine_bytes = s->plan.spine_slot_bytes;
+    uint64_t slots = (uint64_t)s->plan.expert_slots, all = 0;
     for (int b = 0; b < s->bt.n; b++)
         all += s->bt.b[b].kind == BLOB_EXPERT;
     if (slots > all)
         slots = all;
-    s->nslots = (int)slots;
+    s->plan.expert_slots = s->nx = (int)slots;
+    s->ns = s->plan.spine_slots;
+    s->nslots = s->nx + s->ns;
     int nb = s->bt.n, ne = m->hp.n_experts > 0 ? m->hp.n_experts : 1;
     s->sl = calloc((size_t)s->nslots, sizeof *s->sl);
+    s->spine_L = calloc((size_t)(s->ns ? s->ns : 1), sizeof *s->spine_L);
     s->blob_slot = malloc(sizeof(int) * (size_t)nb);
     s->verified = calloc((size_t)nb, 1);
     s->heat = calloc((size_t)nb, sizeof *s->heat);
@@ -546,7 +709,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     s->ids = malloc(sizeof(int) * (size_t)ne);
     s->items_blob = malloc(sizeof(int) * (size_t)ne);
     s->items_state = malloc(sizeof(int) * (size_t)ne);
-    s->mem_bytes = (size_t)s->nslots * s->slot_bytes;
+    s->mem_bytes = (size_t)s->nx * s->slot_bytes + (size_t)s->ns * s->spine_bytes;
     /* slot memory: huge pages where the kernel gives them, touched now so that reads never wait
      * for the kernel to find and zero pages (measured: page faults were a third of the read
      * path's CPU time) */
@@ -558,11 +721,17 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         memset(mem, 0, s->mem_bytes);
         s->mem = mem;
     }
-    if (!s->sl || !s->blob_slot || !s->verified || !s->heat || !s->read_pass || !s->reads_in_pass || !s->ids ||
-        !s->items_blob || !s->items_state || !s->mem) {
+    if (!s->sl || !s->spine_L || !s->blob_slot || !s->verified || !s->heat || !s->read_pass || !s->reads_in_pass ||
+        !s->ids || !s->items_blob || !s->items_state || !s->mem) {
         store_free(s);
-        return errbuf_set(err, "store: out of memory for %d expert slots", (int)slots);
+        return errbuf_set(err, "store: out of memory for %d expert and %d spine slots", s->nx, s->ns);
     }
+    for (int i = 0; i < m->hp.n_layers; i++) /* a streamed layer's matrices all lie in its spine blob */
+        if (s->plan.streamed[i] && blob_bind_layer(&s->bt, m, s->bt.layer_blob[i], slot_mem(s, s->nx), s->spine_L)) {
+            store_free(s);
+            return errbuf_set(err, "%s: layer %d has a matrix outside its own tensors; its spine cannot stream",
+                              m->dir, i);
+        }
     for (int b = 0; b < nb; b++)
         s->blob_slot[b] = -1;
     for (int k = 0; k < s->nslots; k++)
@@ -616,7 +785,8 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
             return -1;
         }
     }
-    s->xs = (expert_src){s, xs_begin, xs_next, xs_release, cfg->prefetch ? xs_prefetch : NULL, xs_pass_begin};
+    s->xs = (weight_src){s,       xs_layer,   xs_layer_release, xs_begin, xs_next, xs_release,
+                         cfg->prefetch ? xs_prefetch : NULL, xs_pass_begin};
     *out = s;
     return 0;
 }
@@ -635,6 +805,7 @@ void store_free(store *s)
     if (s->mem)
         munmap(s->mem, s->mem_bytes);
     free(s->sl);
+    free(s->spine_L);
     free(s->blob_slot);
     free(s->verified);
     free(s->heat);
@@ -647,8 +818,9 @@ void store_free(store *s)
     free(s);
 }
 
-const expert_src *store_experts(store *s) { return &s->xs; }
-int store_slots(const store *s) { return s->nslots; }
+const weight_src *store_weights(store *s) { return &s->xs; }
+const store_plan *store_plan_get(const store *s) { return &s->plan; }
+int store_slots(const store *s) { return s->nx; }
 uint64_t store_slot_bytes(const store *s) { return s->slot_bytes; }
 const blob_table *store_blobs(const store *s) { return &s->bt; }
 void store_stats_get(const store *s, store_stats *out) { *out = s->st; }

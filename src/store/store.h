@@ -1,13 +1,20 @@
-/* store.h — the weight store: routed experts stream from one or more drives through a RAM
- * cache, so a model far larger than RAM runs exactly as if it were resident.
+/* store.h — the weight store: what does not fit in RAM streams from one or more drives, so a
+ * model far larger than RAM runs exactly as if it were resident.
  *
- * Sources: a Hugging Face folder (an expert blob is read tensor by tensor from the safetensors
- * files) or a DFSP store (dfsp.h: one aligned O_DIRECT read per blob, copies on several drives).
- * The spine (every non-expert tensor) stays mapped and resident; the expert cache gets what the
- * RAM budget leaves.
+ * Sources: a Hugging Face folder (a blob is read tensor by tensor from the safetensors files) or
+ * a DFSP store (dfsp.h: one aligned O_DIRECT read per blob, copies on several drives).
  *
- * The cache: fixed slots of the largest expert's size, carved from one allocation at open.
- * A pass asks for the union of a layer's experts (expert_src.begin); hits are handed over at once,
+ * The plan (plan.c): the RAM budget keeps the globals and as many layer spines as fit resident
+ * (mapped); layers whose spine does not fit stream through two spine slots; the expert cache
+ * gets the rest. A pass takes each layer's weights with weight_src.layer (the model's own for a
+ * resident layer, else a copy of the layer bound to the slot its spine blob was read into) and
+ * gives them back before taking the next; with prefetch on, the next streamed layer's spine is
+ * read while the layers before it compute (behind the current layer's expert reads, which are
+ * needed first).
+ *
+ * The expert cache: fixed slots of the largest expert's size, carved from one allocation at open
+ * (with the spine slots after them).
+ * A pass asks for the union of a layer's experts (weight_src.begin); hits are handed over at once,
  * misses as their reads land (the MoE block computes in arrival order and sums in a fixed order,
  * so logits are bit-identical to the all-resident run). Slots in use are pinned; eviction takes the
  * unpinned slot whose expert is least often routed (routing counts are kept across runs in the
@@ -16,7 +23,7 @@
  * predicts experts whose reads start early, into slots not used by the current request;
  * prediction never decides anything, and a guess the layer did not ask for is a plain cached
  * expert from that layer's request on.
- * A DFSP blob is checked against its xxh3 the first time it enters the cache: a flipped byte is
+ * A DFSP blob is checked against its xxh3 the first time it enters a slot: a flipped byte is
  * an error naming the blob and pack, never silent garbage.
  */
 #ifndef DF_STORE_STORE_H
@@ -31,9 +38,28 @@
 #include "store/dfsp.h"
 #include "store/io.h"
 
+enum { STORE_SPINE_SLOTS = 2, STORE_MIN_EXPERT_SLOTS = 2 };
+
+/* What a RAM budget keeps resident and what streams (store_plan_make). */
+typedef struct store_plan {
+    uint64_t budget;
+    uint64_t resident_bytes;   /* globals and the spines kept resident (mapped) */
+    int spine_streamed;        /* layers whose spine streams */
+    uint8_t streamed[MODEL_MAX_LAYERS]; /* [n_layers] 1: that layer's spine streams */
+    int spine_slots;           /* slots for streamed spines (0 when none streams) */
+    uint64_t spine_slot_bytes;
+    int expert_slots;          /* before store_open caps it at the number of experts */
+    uint64_t expert_slot_bytes;
+} store_plan;
+
+/* Plans budget bytes of RAM over bt's blobs (with stream_all, every layer's spine streams, however
+ * much RAM is left: the least RAM a model runs in); an error names what the budget cannot cover. */
+int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store_plan *p, errbuf *err);
+
 typedef struct store_cfg {
-    uint64_t ram_budget; /* bytes for the expert cache */
-    int prefetch;        /* router lookahead reads */
+    uint64_t ram_budget; /* bytes for weights: resident spine, spine slots and the expert cache */
+    int prefetch;        /* router lookahead reads, and streamed spines read ahead */
+    int spine_stream_all; /* every layer's spine streams, whatever the budget leaves (store_plan_make) */
     int verify;          /* xxh3 of DFSP blobs on first load */
     io_cfg io;
     const char *heat_path; /* routing counts kept across runs (NULL: none) */
@@ -45,22 +71,29 @@ typedef struct store_stats {
     uint64_t reads, bytes_read;       /* every read, prefetch included */
     uint64_t bytes_needed;            /* images of the blobs passes missed or used from prefetch */
     uint64_t prefetch_reads, prefetch_hits;
-    uint64_t max_reads_blob_pass;     /* most reads of one blob within one pass */
-    double stall_s;                   /* time passes waited for reads */
+    uint64_t max_reads_blob_pass;     /* most reads of one blob within one pass (spines too) */
+    double stall_s;                   /* time passes waited for expert reads */
+    /* streamed spines */
+    uint64_t spine_requests, spine_hits;  /* layers taken, and how many were already in a slot */
+    uint64_t spine_reads, spine_bytes_read, spine_prefetch_reads, spine_prefetch_hits;
+    double spine_stall_s;             /* time passes waited for spine reads */
 } store_stats;
 
 typedef struct store store;
 
-/* Opens the cache for m's experts. bt is taken over (also on failure). info: the DFSP packs, or
- * NULL for a Hugging Face folder (m's safetensors files). */
+/* Opens the store for m: plans cfg->ram_budget (store_plan_make), then the slots. bt is taken over
+ * (also on failure). info: the DFSP packs, or NULL for a Hugging Face folder (m's safetensors
+ * files). */
 int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *info, const store_cfg *cfg,
                errbuf *err);
 void store_free(store *s);
 /* Writes the routing counts to cfg.heat_path (temp + rename), when one was given, so the next
  * run's eviction starts from them. */
 int store_heat_save(const store *s, errbuf *err);
-const expert_src *store_experts(store *s);
-int store_slots(const store *s);
+const weight_src *store_weights(store *s);
+/* The plan the store runs (expert_slots as opened). */
+const store_plan *store_plan_get(const store *s);
+int store_slots(const store *s); /* expert slots */
 uint64_t store_slot_bytes(const store *s);
 const blob_table *store_blobs(const store *s);
 void store_stats_get(const store *s, store_stats *out);

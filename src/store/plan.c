@@ -1,0 +1,92 @@
+/* plan.c — the residency planner (store.h: store_plan_make): what a RAM budget keeps resident
+ * and what streams.
+ *
+ * Per byte of RAM, a layer's spine saves a read every token (every pass uses every layer), a
+ * routed expert only when the router picks it (top_k of n_experts, < 1). So the spine comes
+ * first: the globals (embedding, final norm, output head) always stay resident, then as many
+ * layer spines as fit; the rest of the budget holds the expert cache, which keeps the most
+ * often routed experts (cache.c). When not every spine fits, the streamed layers are spread
+ * evenly over the depth, so that each one's read overlaps the compute of the resident layers
+ * before it, and they share SPINE_SLOTS slots of the largest streamed spine: the layer in use,
+ * and the next one loading. The plan never depends on anything but the blob sizes and the
+ * budget, so the same budget gives the same plan on every run.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "store/store.h"
+
+/* "1.23 GB", "45.6 MB", "789 KB" */
+static const char *gb(uint64_t n, char *buf, size_t cap)
+{
+    if (n >= 1000000000)
+        snprintf(buf, cap, "%.2f GB", n / 1e9);
+    else if (n >= 1000000)
+        snprintf(buf, cap, "%.1f MB", n / 1e6);
+    else
+        snprintf(buf, cap, "%.0f KB", n / 1e3);
+    return buf;
+}
+
+/* 1 if layer i of n is one of n_s streamed layers spread evenly over the n (the last layer of
+ * each of n_s equal runs) */
+static int spread(int i, int n, int n_s) { return (int)((int64_t)(i + 1) * n_s / n) > (int)((int64_t)i * n_s / n); }
+
+int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store_plan *p, errbuf *err)
+{
+    memset(p, 0, sizeof *p);
+    int n = bt->n_layers;
+    if (n > MODEL_MAX_LAYERS)
+        return errbuf_set(err, "store plan: %d layers exceed %d", n, MODEL_MAX_LAYERS);
+    uint64_t globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0, layers = 0;
+    for (int i = 0; i < n; i++)
+        if (bt->layer_blob[i] >= 0)
+            layers += bt->b[bt->layer_blob[i]].size;
+    p->budget = budget;
+    p->expert_slot_bytes = blob_padded(bt->max_expert);
+    uint64_t X = p->expert_slot_bytes, min_x = (uint64_t)STORE_MIN_EXPERT_SLOTS * X;
+    char h1[32], h2[32], h3[32], h4[32];
+    if (!stream_all && budget >= globals + layers + min_x) { /* every spine resident */
+        p->resident_bytes = globals + layers;
+        p->expert_slots = (int)((budget - p->resident_bytes) / X);
+        return 0;
+    }
+    /* the fewest streamed layers (spread evenly) whose slots and the rest of the spine fit */
+    for (int n_s = stream_all ? n : 1; n_s <= n; n_s++) {
+        uint64_t slot = 0, kept = globals;
+        for (int i = 0; i < n; i++) {
+            int b = bt->layer_blob[i];
+            if (b < 0)
+                continue;
+            if (spread(i, n, n_s)) {
+                uint64_t sz = blob_padded(bt->b[b].size);
+                slot = sz > slot ? sz : slot;
+            } else {
+                kept += bt->b[b].size;
+            }
+        }
+        uint64_t need = kept + (uint64_t)STORE_SPINE_SLOTS * slot + min_x;
+        if (slot == 0 || budget < need)
+            continue;
+        p->resident_bytes = kept;
+        p->spine_slots = STORE_SPINE_SLOTS;
+        p->spine_slot_bytes = slot;
+        for (int i = 0; i < n; i++)
+            if (bt->layer_blob[i] >= 0 && spread(i, n, n_s)) {
+                p->streamed[i] = 1;
+                p->spine_streamed++;
+            }
+        p->expert_slots = (int)((budget - kept - (uint64_t)STORE_SPINE_SLOTS * slot) / X);
+        return 0;
+    }
+    /* not even with every layer streamed */
+    uint64_t slot = 0;
+    for (int i = 0; i < n; i++)
+        if (bt->layer_blob[i] >= 0 && blob_padded(bt->b[bt->layer_blob[i]].size) > slot)
+            slot = blob_padded(bt->b[bt->layer_blob[i]].size);
+    return errbuf_set(err,
+                      "RAM budget %s is below the least the model streams with: the globals (%s), %d layers' "
+                      "spine slots (%s each) and %d experts (%s each)",
+                      gb(budget, h1, sizeof h1), gb(globals, h2, sizeof h2), STORE_SPINE_SLOTS, gb(slot, h3, sizeof h3),
+                      STORE_MIN_EXPERT_SLOTS, gb(X, h4, sizeof h4));
+}
