@@ -1,11 +1,12 @@
 /* test_store.c — the weight store computes exactly what the resident model computes: logits are
  * bit-identical between all resident, streamed with a budget so small nearly every expert is
- * read from disk, a Hugging Face folder and a DFSP store, 1 and 3 drive folders, with and
- * without mirrors, prefetch on and off, emulated drives. Each needed blob is read at most once
- * per pass. A flipped byte is an error naming the blob and pack; a truncated pack is an error;
- * prepare interrupted midway completes on a rerun and verifies; a store refuses another model; a
- * failed load is recoverable; doctor checks mirrors; the router lookahead's guesses are mostly used
- * and credited only to the layer they were for;
+ * read from disk, with every layer's spine (or half of them) streamed too, a Hugging Face folder
+ * and a DFSP store, 1 and 3 drive folders, with and without mirrors, prefetch on and off,
+ * emulated drives. Each needed blob is read at most once per pass. The planner spends a budget
+ * spine first. A flipped byte (expert or spine) is an error naming the blob and pack; a
+ * truncated pack is an error; prepare interrupted midway completes on a rerun and verifies; a
+ * store refuses another model; a failed load is recoverable; doctor checks mirrors; the router
+ * lookahead's guesses are mostly used and credited only to the layer they were for;
  * each drive is read with the depth and request size doctor measured for it. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,6 +389,52 @@ TEST(store_recovers_after_a_failed_load)
     model_free(&ref_m);
     free(out);
     free(ref);
+}
+
+/* The planner spends the budget spine first, except for the working set of expert slots: within
+ * the budget, every layer spine resident when it fits with 2 x top_k experts; else the fewest
+ * layers streamed (the last layer among them), never more as the budget grows; below the least,
+ * an error naming the globals, spine slots and experts. */
+TEST(store_plan_spine_first)
+{
+    errbuf err;
+    model m;
+    blob_table bt;
+    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
+    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
+    int n = m.hp.n_layers, work = 2 * m.hp.top_k;
+    uint64_t X = blob_padded(bt.max_expert);
+    store_plan p;
+    CHECK(store_plan_make(&bt, bt.spine_bytes + 100 * X, 0, work, &p, &err) == 0);
+    CHECK(p.spine_streamed == 0 && p.spine_slots == 0 && p.expert_slots == 100 && p.resident_bytes == bt.spine_bytes);
+    /* the spine fits with 4 experts but not with the working set: layers stream to make room */
+    CHECK(store_plan_make(&bt, bt.spine_bytes + 4 * X, 0, work, &p, &err) == 0);
+    CHECKF(p.spine_streamed > 0 && p.expert_slots >= work, "%d streamed, %d expert slots", p.spine_streamed,
+           p.expert_slots);
+    int last = n + 1;
+    for (uint64_t b = budget_of(&bt, LEAST); b < bt.spine_bytes + (uint64_t)work * X; b += 65536) {
+        CHECKF(store_plan_make(&bt, b, 0, work, &p, &err) == 0, "%llu: %s", (unsigned long long)b, err.msg);
+        CHECKF(p.spine_streamed <= last, "budget %llu streams %d, a smaller one %d", (unsigned long long)b,
+               p.spine_streamed, last);
+        last = p.spine_streamed;
+        uint64_t used = p.resident_bytes + (uint64_t)p.spine_slots * p.spine_slot_bytes + (uint64_t)p.expert_slots * X;
+        CHECKF(used <= b && b - used < X, "budget %llu: plan uses %llu", (unsigned long long)b,
+               (unsigned long long)used);
+        CHECK(p.expert_slots >= STORE_MIN_EXPERT_SLOTS);
+        if (p.spine_streamed > 0)
+            CHECK(p.streamed[n - 1] && p.spine_slots == STORE_SPINE_SLOTS);
+        int cnt = 0;
+        for (int i = 0; i < n; i++)
+            cnt += p.streamed[i];
+        CHECK(cnt == p.spine_streamed);
+    }
+    CHECK(store_plan_make(&bt, bt.spine_bytes * 4, 1, work, &p, &err) == 0 && p.spine_streamed == n);
+    CHECK(store_plan_make(&bt, budget_of(&bt, LEAST) - 1, 1, work, &p, &err) != 0);
+    CHECKF(strstr(err.msg, "below the least") && strstr(err.msg, "globals") && strstr(err.msg, "spine slots") &&
+               strstr(err.msg, "experts"),
+           "%s", err.msg);
+    blob_table_free(&bt);
+    model_free(&m);
 }
 
 /* A streamed spine is checked like an expert: a flipped byte in the last layer's spine blob (the

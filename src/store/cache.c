@@ -684,7 +684,9 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         return errbuf_set(err, "%s: the model has no routed experts to stream", m->dir);
     }
     s->spine_pf_after = -1;
-    if (store_plan_make(&s->bt, cfg->ram_budget, cfg->spine_stream_all, &s->plan, err) != 0) {
+    /* a MoE layer's experts in use and the next layer's guesses */
+    int working = 2 * m->hp.top_k;
+    if (store_plan_make(&s->bt, cfg->ram_budget, cfg->spine_stream_all, working, &s->plan, err) != 0) {
         store_free(s);
         return -1;
     }

@@ -5,7 +5,10 @@
  * routed expert only when the router picks it (top_k of n_experts, < 1). So the spine comes
  * first: the globals (embedding, final norm, output head) always stay resident, then as many
  * layer spines as fit; the rest of the budget holds the expert cache, which keeps the most
- * often routed experts (cache.c). When not every spine fits, the streamed layers are spread
+ * often routed experts (cache.c). One exception: the expert slots a MoE pass works with (a
+ * layer's experts in use and the next layer's guesses, `working`) are kept before any spine
+ * when the budget allows, since with fewer every layer's experts are read one slot at a time
+ * (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits, the streamed layers are spread
  * evenly over the depth, so that each one's read overlaps the compute of the resident layers
  * before it, and they share SPINE_SLOTS slots of the largest streamed spine: the layer in use,
  * and the next one loading. The plan never depends on anything but the blob sizes and the
@@ -32,21 +35,19 @@ static const char *gb(uint64_t n, char *buf, size_t cap)
  * each of n_s equal runs) */
 static int spread(int i, int n, int n_s) { return (int)((int64_t)(i + 1) * n_s / n) > (int)((int64_t)i * n_s / n); }
 
-int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store_plan *p, errbuf *err)
+/* the plan with at least min_x expert slots, or -1 if the budget cannot hold it */
+static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int min_x, store_plan *p)
 {
-    memset(p, 0, sizeof *p);
     int n = bt->n_layers;
-    if (n > MODEL_MAX_LAYERS)
-        return errbuf_set(err, "store plan: %d layers exceed %d", n, MODEL_MAX_LAYERS);
     uint64_t globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0, layers = 0;
     for (int i = 0; i < n; i++)
         if (bt->layer_blob[i] >= 0)
             layers += bt->b[bt->layer_blob[i]].size;
+    memset(p, 0, sizeof *p);
     p->budget = budget;
     p->expert_slot_bytes = blob_padded(bt->max_expert);
-    uint64_t X = p->expert_slot_bytes, min_x = (uint64_t)STORE_MIN_EXPERT_SLOTS * X;
-    char h1[32], h2[32], h3[32], h4[32];
-    if (!stream_all && budget >= globals + layers + min_x) { /* every spine resident */
+    uint64_t X = p->expert_slot_bytes, need_x = (uint64_t)min_x * X;
+    if (!stream_all && budget >= globals + layers + need_x) { /* every spine resident */
         p->resident_bytes = globals + layers;
         p->expert_slots = (int)((budget - p->resident_bytes) / X);
         return 0;
@@ -65,8 +66,7 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store
                 kept += bt->b[b].size;
             }
         }
-        uint64_t need = kept + (uint64_t)STORE_SPINE_SLOTS * slot + min_x;
-        if (slot == 0 || budget < need)
+        if (slot == 0 || budget < kept + (uint64_t)STORE_SPINE_SLOTS * slot + need_x)
             continue;
         p->resident_bytes = kept;
         p->spine_slots = STORE_SPINE_SLOTS;
@@ -79,14 +79,25 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store
         p->expert_slots = (int)((budget - kept - (uint64_t)STORE_SPINE_SLOTS * slot) / X);
         return 0;
     }
-    /* not even with every layer streamed */
-    uint64_t slot = 0;
-    for (int i = 0; i < n; i++)
+    return -1;
+}
+
+int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p, errbuf *err)
+{
+    if (bt->n_layers > MODEL_MAX_LAYERS)
+        return errbuf_set(err, "store plan: %d layers exceed %d", bt->n_layers, MODEL_MAX_LAYERS);
+    if (working > STORE_MIN_EXPERT_SLOTS && plan_try(bt, budget, stream_all, working, p) == 0)
+        return 0;
+    if (plan_try(bt, budget, stream_all, STORE_MIN_EXPERT_SLOTS, p) == 0)
+        return 0;
+    uint64_t slot = 0, globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0;
+    for (int i = 0; i < bt->n_layers; i++)
         if (bt->layer_blob[i] >= 0 && blob_padded(bt->b[bt->layer_blob[i]].size) > slot)
             slot = blob_padded(bt->b[bt->layer_blob[i]].size);
+    char h1[32], h2[32], h3[32], h4[32];
     return errbuf_set(err,
                       "RAM budget %s is below the least the model streams with: the globals (%s), %d layers' "
                       "spine slots (%s each) and %d experts (%s each)",
                       gb(budget, h1, sizeof h1), gb(globals, h2, sizeof h2), STORE_SPINE_SLOTS, gb(slot, h3, sizeof h3),
-                      STORE_MIN_EXPERT_SLOTS, gb(X, h4, sizeof h4));
+                      STORE_MIN_EXPERT_SLOTS, gb(blob_padded(bt->max_expert), h4, sizeof h4));
 }

@@ -52,9 +52,12 @@ typedef struct store_plan {
     uint64_t expert_slot_bytes;
 } store_plan;
 
-/* Plans budget bytes of RAM over bt's blobs (with stream_all, every layer's spine streams, however
- * much RAM is left: the least RAM a model runs in); an error names what the budget cannot cover. */
-int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, store_plan *p, errbuf *err);
+/* Plans budget bytes of RAM over bt's blobs, keeping `working` expert slots before any spine when
+ * the budget allows (else STORE_MIN_EXPERT_SLOTS); with stream_all, every layer's spine streams,
+ * however much RAM is left (the least RAM a model runs in). An error names what the budget cannot
+ * cover. */
+int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p,
+                    errbuf *err);
 
 typedef struct store_cfg {
     uint64_t ram_budget; /* bytes for weights: resident spine, spine slots and the expert cache */
