@@ -1,10 +1,12 @@
 /* test_alloc.c — the decode step allocates nothing: malloc and friends are wrapped at link time
  * for the test binary (-Wl,--wrap=...) and counted; after a session is set up and the prompt
- * prefilled, decoding tokens (forward + sampling) must not call them once. */
+ * prefilled, decoding tokens (forward + sampling) must not call them once — also when every
+ * layer's spine and most experts stream through the weight store. */
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "engine/sampler.h"
+#include "store/store.h"
 #include "test.h"
 #include "test_util.h"
 
@@ -47,11 +49,28 @@ void *__wrap_aligned_alloc(size_t al, size_t n)
     return __real_aligned_alloc(al, n);
 }
 
-static void decode_allocates_nothing(const char *dir, double temperature)
+/* with `stream`, through a store that streams every spine and keeps 8 expert slots */
+static void decode_allocates_nothing(const char *dir, double temperature, int stream)
 {
     errbuf err;
     model m;
+    store *st = NULL;
     CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    if (stream) {
+        blob_table bt;
+        CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
+        store_cfg c;
+        memset(&c, 0, sizeof c);
+        io_cfg_default(&c.io);
+        c.prefetch = c.verify = c.spine_stream_all = 1;
+        uint64_t slot = 0; /* the globals, two slots of the largest layer spine, 8 experts */
+        for (int i = 0; i < bt.n_layers; i++)
+            if (blob_padded(bt.b[bt.layer_blob[i]].size) > slot)
+                slot = blob_padded(bt.b[bt.layer_blob[i]].size);
+        c.ram_budget = bt.b[bt.global_blob].size + STORE_SPINE_SLOTS * slot + 8 * blob_padded(bt.max_expert);
+        CHECKF(store_open(&st, &m, &bt, NULL, &c, &err) == 0, "%s", err.msg);
+        CHECK(store_plan_get(st)->spine_streamed == m.hp.n_layers && store_slots(st) == 8);
+    }
     pool *p = pool_new(2, &err);
     session s;
     sampler sm;
@@ -63,6 +82,7 @@ static void decode_allocates_nothing(const char *dir, double temperature)
     int32_t prompt[8] = {5, 6, 7, 8, 9, 10, 11, 12};
     CHECK(p && logits);
     CHECKF(session_init(&s, &m, kern_select(NULL), p, 64, 8, &err) == 0, "%s", err.msg);
+    session_set_weights(&s, st ? store_weights(st) : NULL);
     CHECK(sampler_init(&sm, &sc, m.hp.vocab, &err) == 0);
     CHECK(session_forward(&s, prompt, 8, logits, 0, &err) == 0);
     long before = atomic_load(&n_alloc);
@@ -71,6 +91,11 @@ static void decode_allocates_nothing(const char *dir, double temperature)
         CHECK(session_forward(&s, &id, 1, logits, 0, &err) == 0);
     }
     long after = atomic_load(&n_alloc);
+    store_stats ss;
+    if (st)
+        store_stats_get(st, &ss);
+    store_free(st);
+    CHECKF(!st || (ss.spine_reads > 0 && ss.reads > 0), "nothing was streamed");
     sampler_free(&sm);
     session_free(&s);
     pool_free(p);
@@ -80,7 +105,8 @@ static void decode_allocates_nothing(const char *dir, double temperature)
     CHECKF(before > 0, "the allocation counter is not wired in (no allocation seen at all)");
 }
 
-TEST(alloc_decode_default_model) { decode_allocates_nothing("models/default", 0.0); }
-TEST(alloc_decode_sampling) { decode_allocates_nothing("models/default", 0.8); }
-TEST(alloc_decode_deepseek) { decode_allocates_nothing(test_data("oracle/deepseek_v3-yarn"), 0.0); }
-TEST(alloc_decode_qwen3_moe) { decode_allocates_nothing(test_data("oracle/qwen3_moe-a"), 0.0); }
+TEST(alloc_decode_default_model) { decode_allocates_nothing("models/default", 0.0, 0); }
+TEST(alloc_decode_sampling) { decode_allocates_nothing("models/default", 0.8, 0); }
+TEST(alloc_decode_deepseek) { decode_allocates_nothing(test_data("oracle/deepseek_v3-yarn"), 0.0, 0); }
+TEST(alloc_decode_qwen3_moe) { decode_allocates_nothing(test_data("oracle/qwen3_moe-a"), 0.0, 0); }
+TEST(alloc_decode_streamed) { decode_allocates_nothing("models/default", 0.0, 1); }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "base/timer.h"
 #include "engine/session.h"
 #include "store/store.h"
 
@@ -363,6 +364,47 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
                 (unsigned long long)ds.reqs,
                 ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, run_gbps, vs,
                 ds.busy_s > 0 ? ds.depth_s / ds.busy_s : 0.0, io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
+    }
+}
+
+/* bytes the store has read so far (experts and spines) */
+static uint64_t store_bytes(const store *s)
+{
+    store_stats st;
+    store_stats_get(s, &st);
+    return st.bytes_read + st.spine_bytes_read;
+}
+
+void cli_engine_mark(cli_engine *e)
+{
+    if (!e->store || e->mark_t > 0)
+        return;
+    e->mark_t = timer_now();
+    e->mark_bytes = store_bytes(e->store);
+    for (int d = 0; d < store_ndrives(e->store) && d < 16; d++) {
+        io_drive_stats ds;
+        io_stats(store_io(e->store), d, &ds);
+        e->mark_drive[d] = ds.bytes;
+    }
+}
+
+void cli_engine_stats_decode(cli_engine *e, int tokens)
+{
+    if (!e->store || e->mark_t <= 0 || tokens < 1)
+        return;
+    double dt = timer_now() - e->mark_t;
+    char h1[32];
+    fprintf(stderr, "[stats] decode: %s read per token (experts and spines) over %d tokens in %.3f s\n",
+            human((double)(store_bytes(e->store) - e->mark_bytes) / tokens, h1, 32), tokens, dt);
+    for (int d = 0; d < store_ndrives(e->store) && d < 16; d++) {
+        io_drive_stats ds;
+        io_stats(store_io(e->store), d, &ds);
+        double gbps = dt > 0 ? (double)(ds.bytes - e->mark_drive[d]) / 1e9 / dt : 0.0;
+        double doc = io_drive_best_gbps(store_io(e->store), d);
+        char vs[96] = "";
+        if (doc > 0)
+            snprintf(vs, sizeof vs, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
+        fprintf(stderr, "[stats] decode: drive %d read %.2f GB/s%s\n", d, gbps, vs);
     }
 }
 

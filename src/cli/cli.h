@@ -49,6 +49,9 @@ typedef struct cli_engine {
     pool *pool;
     struct store *store;
     int dfsp;
+    /* cli_engine_mark: when decode began, and what had been read by then */
+    double mark_t;
+    uint64_t mark_bytes, mark_drive[16];
 } cli_engine;
 int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const char *kernels, const cli_store_opts *so,
                     errbuf *err);
@@ -57,6 +60,11 @@ void cli_engine_close(cli_engine *e);
 void cli_engine_attach(cli_engine *e, struct session *s);
 /* --stats lines about the store (nothing when all is resident). */
 void cli_engine_stats(cli_engine *e, int tokens, double seconds);
+/* Marks the start of decode (the first generated token); cli_engine_stats_decode then prints the
+ * reads of the `tokens` decoded since, per token and per drive against doctor's rate: the
+ * miss-bound decode figure, without the prompt's reads. */
+void cli_engine_mark(cli_engine *e);
+void cli_engine_stats_decode(cli_engine *e, int tokens);
 
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */

@@ -33,6 +33,7 @@ struct xtml {
 struct emit {
     int print_ids;
     int n;
+    cli_engine *eng; /* marked at the first token: --stats reports decode apart from the prompt */
     tok_stream *ts; /* NULL: print ids */
     const tok *tk;
     struct xtml x;
@@ -69,6 +70,8 @@ static int xtml_take(struct emit *e, int32_t id)
 static int on_token(void *ud, int32_t id)
 {
     struct emit *e = ud;
+    if (e->n == 0)
+        cli_engine_mark(e->eng);
     if (e->print_ids || !e->ts) {
         printf(e->n++ ? " %d" : "%d", id);
     } else {
@@ -250,7 +253,7 @@ int cmd_run(int argc, char **argv)
     sc.seed = (uint64_t)seed;
     int n = (int)ids.n, T = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
     gen_req rq = {ids.v, n, (int)max_new, stop, nstop, T};
-    struct emit em = {print_ids, 0, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
+    struct emit em = {print_ids, 0, &e, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
     if (chat && have_stream && tok_chat_format_of(tk) == TOK_CHAT_K3) {
         em.x.open = tok_token_id(tk, "<|open|>", 8);
         em.x.close = tok_token_id(tk, "<|close|>", 9);
@@ -286,6 +289,7 @@ int cmd_run(int argc, char **argv)
                 st.t_prefill > 0 ? st.n_prompt / st.t_prefill : 0.0, st.t_first, st.n_gen,
                 st.t_decode > 0 && st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0.0, st.t_decode, st.n_gen - 1);
         cli_engine_stats(&e, st.n_prompt + st.n_gen, st.t_prefill + st.t_decode);
+        cli_engine_stats_decode(&e, st.n_gen - 1);
     }
     rc = 0;
 out:
