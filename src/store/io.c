@@ -404,6 +404,8 @@ int io_open(io_engine *e, const char *path, int d, int direct, errbuf *err)
 #ifdef F_NOCACHE
     fcntl(fd, F_NOCACHE, 1); /* macOS: the portable path's O_DIRECT */
 #endif
+    if (!direct) /* reads are exact byte ranges: readahead around them would read what no one asked for */
+        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     e->fds[e->nfiles] = fd;
     e->fdrive[e->nfiles] = d;
     e->fdirect[e->nfiles] = direct;
@@ -565,8 +567,12 @@ static int collect(io_engine *e, int wait, errbuf *err)
             if (rc != 0)
                 break;
             int id = (int)io_uring_cqe_get_data64(cqe);
-            int ok = cqe->res == (int)e->pc[id].len;
+            const piece *p = &e->pc[id];
+            int ok = cqe->res == (int)p->len;
             io_uring_cqe_seen(&e->ring, cqe);
+            if (!e->fdirect[p->file]) /* as the pread pool does: streamed bytes leave the page cache
+                                         (pages someone has mapped stay) */
+                posix_fadvise(e->fds[p->file], (off_t)p->off, (off_t)p->len, POSIX_FADV_DONTNEED);
             backend_done(e, id, ok);
             got++;
         }

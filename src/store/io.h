@@ -1,9 +1,9 @@
 /* io.h — the read engine of the weight store: many reads in flight on every drive.
  *
- * Backends: io_uring (Linux; liburing) or a portable pool of pread threads per drive (with
- * posix_fadvise(DONTNEED) so streamed weights do not crowd out the page cache). Files opened
+ * Backends: io_uring (Linux; liburing) or a portable pool of pread threads per drive. Files opened
  * `direct` use O_DIRECT where the system allows it (buffers, offsets and lengths must then be
- * 4096-aligned). A read larger than `chunk` bytes is split into chunk-sized requests so one blob
+ * 4096-aligned); after a buffered read, either backend drops the range from the page cache
+ * (posix_fadvise(DONTNEED)) so streamed weights do not crowd out what stays resident. A read larger than `chunk` bytes is split into chunk-sized requests so one blob
  * keeps a drive's queue full; its tag completes once, when the last piece has landed.
  *
  * Drive emulation (--emulate-drives "MBps:latency_us,...") models each drive as a queue served
