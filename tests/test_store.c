@@ -134,7 +134,8 @@ static void check_spine_counts(const store *st, uint64_t passes, int prefetch, c
     if (!prefetch)
         CHECKF(ss.spine_prefetch_reads == 0, "%s: spines read ahead with prefetch off", what);
     else
-        CHECKF(ss.spine_prefetch_hits > 0 && ss.spine_prefetch_reads - ss.spine_prefetch_hits <= (uint64_t)pl->spine_slots,
+        CHECKF(ss.spine_prefetch_hits > 0 &&
+                   ss.spine_prefetch_reads - ss.spine_prefetch_hits <= (uint64_t)pl->spine_slots,
                "%s: %llu spines read ahead, %llu used", what, (unsigned long long)ss.spine_prefetch_reads,
                (unsigned long long)ss.spine_prefetch_hits);
     CHECKF(ss.max_reads_blob_pass <= 1, "%s: a blob was read %llu times in one pass", what,
@@ -342,18 +343,49 @@ TEST(store_flipped_byte_is_named)
     CHECKF(st == 1 && strstr(out, "layer 1 expert 0") && strstr(out, "checksum"), "doctor: status %d: %s", st, out);
 }
 
+/* A session over st (a store of models/default's prepared copy dm) whose first pass meets the bad
+ * bytes at off[0..n) of pack: it fails naming `want` and the checksum, later passes are refused as
+ * part-way; with the bytes flipped back and the session reset, it computes exactly what the
+ * resident model does. Frees st. */
+static void fail_then_recover(const model *dm, store *st, const char *want, const char *pack, const uint64_t *off,
+                              int n)
+{
+    errbuf err;
+    model ref_m;
+    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
+    float *ref = run(&ref_m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    pool *p = pool_new(1, &err);
+    session s;
+    size_t V = (size_t)dm->hp.vocab;
+    float *out = malloc(sizeof(float) * NIDS * V);
+    CHECK(p && out && session_init(&s, dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
+    session_set_weights(&s, store_weights(st));
+    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
+    CHECKF(strstr(err.msg, want) && strstr(err.msg, "checksum"), "%s", err.msg);
+    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
+    for (int i = 0; i < n; i++)
+        flip_byte(pack, off[i]);
+    session_reset(&s);
+    CHECKF(session_forward(&s, IDS, NIDS, out, 1, &err) == 0, "%s", err.msg);
+    CHECK(memcmp(out, ref, sizeof(float) * NIDS * V) == 0);
+    session_free(&s);
+    pool_free(p);
+    store_free(st);
+    model_free(&ref_m);
+    free(out);
+    free(ref);
+}
+
 /* a failed expert load poisons the session (its state advanced part-way), releases the failed
  * request's pins and forgets the bad slot: after a reset, with the pack repaired, the same
  * store computes exactly what the resident model does */
 TEST(store_recovers_after_a_failed_load)
 {
     errbuf err;
-    model ref_m, dm;
+    model dm;
     blob_table bt;
     dfsp_info info;
-    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
-    float *ref = run(&ref_m, NULL, NIDS, &err);
-    CHECKF(ref, "%s", err.msg);
     char *dst;
     prepare_open(&dst, "recover", 1, 1, &dm, &bt, &info);
     /* one flipped byte in every expert of layer 1: the first token fails there */
@@ -368,27 +400,8 @@ TEST(store_recovers_after_a_failed_load)
     }
     store *st = open_store(&dm, &info, &bt, 2, 0, NULL, &err);
     CHECKF(st, "%s", err.msg);
-    pool *p = pool_new(1, &err);
-    session s;
-    size_t V = (size_t)dm.hp.vocab;
-    float *out = malloc(sizeof(float) * NIDS * V);
-    CHECK(p && out && session_init(&s, &dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
-    session_set_weights(&s, store_weights(st));
-    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
-    CHECKF(strstr(err.msg, "layer 1 expert") && strstr(err.msg, "checksum"), "%s", err.msg);
-    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
-    for (int e = 0; e < ne; e++)
-        flip_byte(pack, off[e]);
-    session_reset(&s);
-    CHECKF(session_forward(&s, IDS, NIDS, out, 1, &err) == 0, "%s", err.msg);
-    CHECK(memcmp(out, ref, sizeof(float) * NIDS * V) == 0);
-    session_free(&s);
-    pool_free(p);
-    store_free(st);
+    fail_then_recover(&dm, st, "layer 1 expert", pack, off, ne);
     model_free(&dm);
-    model_free(&ref_m);
-    free(out);
-    free(ref);
 }
 
 /* The planner spends the budget spine first, except for the working set of expert slots: within
@@ -444,12 +457,9 @@ TEST(store_plan_spine_first)
 TEST(store_spine_flipped_byte_is_named)
 {
     errbuf err;
-    model ref_m, dm;
+    model dm;
     blob_table bt;
     dfsp_info info;
-    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
-    float *ref = run(&ref_m, NULL, NIDS, &err);
-    CHECKF(ref, "%s", err.msg);
     char *dst, pack[1024], cmd[8192], out[4096];
     prepare_open(&dst, "spine-flip", 1, 1, &dm, &bt, &info);
     int last = dm.hp.n_layers - 1, b = bt.layer_blob[last];
@@ -474,26 +484,8 @@ TEST(store_spine_flipped_byte_is_named)
     /* the same through a session, then repaired */
     store *sto = open_store(&dm, &info, &bt, LEAST, 1, NULL, &err);
     CHECKF(sto, "%s", err.msg);
-    pool *p = pool_new(1, &err);
-    session s;
-    size_t V = (size_t)dm.hp.vocab;
-    float *lg = malloc(sizeof(float) * NIDS * V);
-    CHECK(p && lg && session_init(&s, &dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
-    session_set_weights(&s, store_weights(sto));
-    CHECK(session_forward(&s, IDS, 1, lg, 0, &err) != 0);
-    CHECKF(strstr(err.msg, want) && strstr(err.msg, "checksum"), "%s", err.msg);
-    CHECK(session_forward(&s, IDS, 1, lg, 0, &err) != 0 && strstr(err.msg, "part-way"));
-    flip_byte(pack, off);
-    session_reset(&s);
-    CHECKF(session_forward(&s, IDS, NIDS, lg, 1, &err) == 0, "%s", err.msg);
-    CHECK(memcmp(lg, ref, sizeof(float) * NIDS * V) == 0);
-    session_free(&s);
-    pool_free(p);
-    store_free(sto);
+    fail_then_recover(&dm, sto, want, pack, &off, 1);
     model_free(&dm);
-    model_free(&ref_m);
-    free(lg);
-    free(ref);
 }
 
 /* run with a budget below the spine: from a DFSP store and from the Hugging Face folder, the ids of
@@ -509,7 +501,8 @@ TEST(store_spine_streams_from_the_cli)
     resident[strcspn(resident, "\n")] = 0;
     const char *models[2] = {dst, "models/default"}, *pf[2] = {"on", "off"};
     for (int k = 0; k < 2; k++) {
-        snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 6M --prefetch %s --stats",
+        snprintf(cmd, sizeof cmd,
+                 "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 6M --prefetch %s --stats",
                  tu_bin(), models[k], pf[k]);
         CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
         CHECKF(strstr(out, "[stats] spine: 7 layers streamed through 2 slots") && strstr(out, "1 of 8 layer spines"),

@@ -118,17 +118,6 @@ int cli_default_model(char *out, size_t cap, errbuf *err)
     return errbuf_set(err, "no --model given and the bundled model (models/default) was not found");
 }
 
-/* "1.23 GB", "45.6 MB", "789 KB" */
-static const char *human(double bytes, char *buf, size_t cap)
-{
-    if (bytes >= 1e9)
-        snprintf(buf, cap, "%.2f GB", bytes / 1e9);
-    else if (bytes >= 1e6)
-        snprintf(buf, cap, "%.1f MB", bytes / 1e6);
-    else
-        snprintf(buf, cap, "%.0f KB", bytes / 1e3);
-    return buf;
-}
 
 const char *CLI_STORE_HELP =
     "weight store: [--ram-budget BYTES] [--drives DIR,...] [--emulate-drives MBps:lat_us,...]\n"
@@ -310,7 +299,10 @@ void cli_engine_close(cli_engine *e)
     memset(e, 0, sizeof *e);
 }
 
-void cli_engine_attach(cli_engine *e, struct session *s) { session_set_weights(s, e->store ? store_weights(e->store) : NULL); }
+void cli_engine_attach(cli_engine *e, struct session *s)
+{
+    session_set_weights(s, e->store ? store_weights(e->store) : NULL);
+}
 
 void cli_engine_stats(cli_engine *e, int tokens, double seconds)
 {
@@ -326,16 +318,17 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     fprintf(stderr,
             "[stats] store: %s, %d expert slots of %s (%s), %s resident (globals and %d of %d layer spines), "
             "prefetch %s (%s)\n",
-            e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store), human(store_slot_bytes(e->store), h1, 32),
-            human(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32),
-            human(pl->resident_bytes, h3, 32), e->m.hp.n_layers - pl->spine_streamed, e->m.hp.n_layers,
+            e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store),
+            store_fmt_bytes(store_slot_bytes(e->store), h1, 32),
+            store_fmt_bytes(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32),
+            store_fmt_bytes(pl->resident_bytes, h3, 32), e->m.hp.n_layers - pl->spine_streamed, e->m.hp.n_layers,
             store_weights(e->store)->prefetch ? "on" : "off", store_io_note(e->store));
     if (pl->spine_streamed > 0)
         fprintf(stderr,
                 "[stats] spine: %d layers streamed through %d slots of %s, %s read per token, %llu of %llu layers "
                 "already in a slot, %llu read ahead (%llu used), stalled on I/O %.3f s\n",
-                pl->spine_streamed, pl->spine_slots, human(pl->spine_slot_bytes, h1, 32),
-                human(st.spine_bytes_read / tok, h2, 32), (unsigned long long)st.spine_hits,
+                pl->spine_streamed, pl->spine_slots, store_fmt_bytes(pl->spine_slot_bytes, h1, 32),
+                store_fmt_bytes(st.spine_bytes_read / tok, h2, 32), (unsigned long long)st.spine_hits,
                 (unsigned long long)st.spine_requests, (unsigned long long)st.spine_prefetch_reads,
                 (unsigned long long)st.spine_prefetch_hits, st.spine_stall_s);
     fprintf(stderr,
@@ -343,7 +336,7 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
             "%.3f, stalled on I/O %.3f s, at most %llu read(s) of one blob per pass\n"
             "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu reads on "
             "demand\n",
-            human(st.bytes_read / tok, h4, 32),
+            store_fmt_bytes(st.bytes_read / tok, h4, 32),
             st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0, (unsigned long long)st.hits,
             (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
             st.stall_s, (unsigned long long)st.max_reads_blob_pass, (unsigned long long)st.prefetch_reads,
@@ -360,7 +353,8 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
                 "%.2f GB/s over the run%s, %.1f requests in flight on average while busy, "
                 "latency p50 %.0f us p99 %.0f us\n",
                 d, io_backend_name(store_io(e->store)), io_drive_depth(store_io(e->store), d),
-                human((double)io_drive_chunk(store_io(e->store), d), h2, 32), human(ds.bytes, h1, 32),
+                store_fmt_bytes((double)io_drive_chunk(store_io(e->store), d), h2, 32),
+                store_fmt_bytes(ds.bytes, h1, 32),
                 (unsigned long long)ds.reqs,
                 ds.busy_s > 0 ? ds.bytes / 1e9 / ds.busy_s : 0.0, run_gbps, vs,
                 ds.busy_s > 0 ? ds.depth_s / ds.busy_s : 0.0, io_latency_pct(&ds, 0.5), io_latency_pct(&ds, 0.99));
@@ -395,7 +389,7 @@ void cli_engine_stats_decode(cli_engine *e, int tokens)
     double dt = timer_now() - e->mark_t;
     char h1[32];
     fprintf(stderr, "[stats] decode: %s read per token (experts and spines) over %d tokens in %.3f s\n",
-            human((double)(store_bytes(e->store) - e->mark_bytes) / tokens, h1, 32), tokens, dt);
+            store_fmt_bytes((double)(store_bytes(e->store) - e->mark_bytes) / tokens, h1, 32), tokens, dt);
     for (int d = 0; d < store_ndrives(e->store) && d < 16; d++) {
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);

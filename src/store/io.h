@@ -3,8 +3,9 @@
  * Backends: io_uring (Linux; liburing) or a portable pool of pread threads per drive. Files opened
  * `direct` use O_DIRECT where the system allows it (buffers, offsets and lengths must then be
  * 4096-aligned); after a buffered read, either backend drops the range from the page cache
- * (posix_fadvise(DONTNEED)) so streamed weights do not crowd out what stays resident. A read larger than `chunk` bytes is split into chunk-sized requests so one blob
- * keeps a drive's queue full; its tag completes once, when the last piece has landed.
+ * (posix_fadvise(DONTNEED)) so streamed weights do not crowd out what stays resident. A read
+ * larger than `chunk` bytes is split into chunk-sized requests so one blob keeps a drive's queue
+ * full; its tag completes once, when the last piece has landed.
  *
  * Drive emulation (--emulate-drives "MBps:latency_us,...") models each drive as a queue served
  * at MBps with a fixed latency per request, and holds each completion until that model says the

@@ -8,19 +8,18 @@
  * often routed experts (cache.c). One exception: the expert slots a MoE pass works with (a
  * layer's experts in use and the next layer's guesses, `working`) are kept before any spine
  * when the budget allows, since with fewer every layer's experts are read one slot at a time
- * (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits, the streamed layers are spread
- * evenly over the depth, so that each one's read overlaps the compute of the resident layers
- * before it, and they share SPINE_SLOTS slots of the largest streamed spine: the layer in use,
- * and the next one loading. The plan never depends on anything but the blob sizes and the
- * budget, so the same budget gives the same plan on every run.
+ * (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits,
+ * the streamed layers are spread evenly over the depth, so that each one's read overlaps the
+ * compute of the resident layers before it, and they share STORE_SPINE_SLOTS slots of the
+ * largest streamed spine: the layer in use, and the next one loading. The plan depends on nothing
+ * but the blob sizes and the budget, so the same budget gives the same plan on every run.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "store/store.h"
 
-/* "1.23 GB", "45.6 MB", "789 KB" */
-static const char *gb(uint64_t n, char *buf, size_t cap)
+const char *store_fmt_bytes(double n, char *buf, size_t cap)
 {
     if (n >= 1000000000)
         snprintf(buf, cap, "%.2f GB", n / 1e9);
@@ -98,6 +97,7 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int w
     return errbuf_set(err,
                       "RAM budget %s is below the least the model streams with: the globals (%s), %d layers' "
                       "spine slots (%s each) and %d experts (%s each)",
-                      gb(budget, h1, sizeof h1), gb(globals, h2, sizeof h2), STORE_SPINE_SLOTS, gb(slot, h3, sizeof h3),
-                      STORE_MIN_EXPERT_SLOTS, gb(blob_padded(bt->max_expert), h4, sizeof h4));
+                      store_fmt_bytes(budget, h1, sizeof h1), store_fmt_bytes(globals, h2, sizeof h2),
+                      STORE_SPINE_SLOTS, store_fmt_bytes(slot, h3, sizeof h3), STORE_MIN_EXPERT_SLOTS,
+                      store_fmt_bytes(blob_padded(bt->max_expert), h4, sizeof h4));
 }

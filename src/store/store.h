@@ -109,6 +109,8 @@ const char *store_io_note(const store *s);
  * bad one. */
 int store_verify_all(store *s, errbuf *err);
 
+/* "1.23 GB", "45.6 MB", "789 KB" into buf; returns buf. */
+const char *store_fmt_bytes(double bytes, char *buf, size_t cap);
 /* Parses "64G", "512M", "1.5T", "123456" into bytes. */
 int store_parse_bytes(const char *s, uint64_t *out);
 /* Physical memory in bytes (0 if unknown). */
