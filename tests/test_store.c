@@ -489,7 +489,8 @@ TEST(store_spine_flipped_byte_is_named)
 }
 
 /* run with a budget below the spine: from a DFSP store and from the Hugging Face folder, the ids of
- * the resident run, --stats saying what streamed; a budget below the least is a one-line error */
+ * the resident run, --stats saying what streamed; eval's logits bit-identical to resident; a
+ * budget below the least is a one-line error */
 TEST(store_spine_streams_from_the_cli)
 {
     char cmd[8192], resident[8192], out[8192];
@@ -510,6 +511,21 @@ TEST(store_spine_streams_from_the_cli)
         out[strcspn(out, "\n")] = 0;
         CHECKF(strcmp(out, resident) == 0, "%s: %s vs %s", models[k], out, resident);
     }
+    /* eval's logits at every position: the same bits streamed as resident */
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/spine-resident.f32", test_tmpdir());
+    snprintf(b, sizeof b, "%s/spine-streamed.f32", test_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "%s eval --tokens 3,1,4,1,5,9,2,6 --logits-out %s && %s eval --model %s --tokens 3,1,4,1,5,9,2,6 "
+             "--logits-out %s --ram-budget 6M --prefill-chunk 3",
+             tu_bin(), a, tu_bin(), dst, b);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
+    size_t na, nb;
+    float *la = tu_read_f32(a, &na), *lb = tu_read_f32(b, &nb);
+    int same = la && lb && na == nb && na > 0 && memcmp(la, lb, na * sizeof(float)) == 0;
+    free(la);
+    free(lb);
+    CHECKF(same, "eval logits differ streamed (%zu floats) and resident (%zu)", nb, na);
     snprintf(cmd, sizeof cmd, "%s run --model %s --tokens 5 --max-new 2 --ram-budget 3M", tu_bin(), dst);
     int st = tu_run(cmd, out, sizeof out);
     const char *nl = strchr(out, '\n');
