@@ -782,7 +782,7 @@ TEST(store_drive_tuning_is_used)
     CHECKF(!bad && strstr(err.msg, IO_TUNE_FILE), "opened with a malformed %s (%s)", tf, bad ? "" : err.msg);
     store_free(bad);
     unlink(tf);
-    CHECKF(io_tune_save(d0, 8192, 2, 1.0, 2.5, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
+    CHECKF(io_tune_save(d0, 8192, 2, 1.0, 2.5, 0, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
     float *ref = run(&dm, NULL, NIDS, &err);
     store *st = open_store(&dm, &info, &bt, 3, 0, NULL, &err);
     CHECKF(ref && st, "%s", err.msg);
@@ -843,4 +843,12 @@ TEST(store_doctor_saves_drive_tuning)
              "--max-new 4 --ram-budget 10M --stats 2>&1",
              tu_bin(), st, a, tu_bin(), st);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " of doctor's "), "%s", out);
+    /* measured again with the store's pack in the folder: random reads of it (cold model data) are
+     * reported, saved, and --stats puts decode's rate against them too */
+    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s run --model %s --tokens 3,4,5 --max-new 4 "
+             "--ram-budget 10M --stats 2>&1", tu_bin(), a, tu_bin(), st);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " GB/s |\n") && strstr(out, "doctor read the store's pack at"),
+           "%s", out);
+    CHECKF(io_tune_load(&c, 0, a, &err) == 1 && c.drive_cold_gbps[0] > 0, "cold rate %g (%s)", c.drive_cold_gbps[0],
+           err.msg);
 }

@@ -394,11 +394,13 @@ void cli_engine_stats_decode(cli_engine *e, int tokens)
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);
         double gbps = dt > 0 ? (double)(ds.bytes - e->mark_drive[d]) / 1e9 / dt : 0.0;
-        double doc = io_drive_best_gbps(store_io(e->store), d);
-        char vs[96] = "";
+        double doc = io_drive_best_gbps(store_io(e->store), d), cold = io_drive_cold_gbps(store_io(e->store), d);
+        char vs[96] = "", vc[96] = "";
         if (doc > 0)
             snprintf(vs, sizeof vs, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
-        fprintf(stderr, "[stats] decode: drive %d read %.2f GB/s%s\n", d, gbps, vs);
+        if (cold > 0)
+            snprintf(vc, sizeof vc, " (%.2f of the %.2f GB/s doctor read the store's pack at)", gbps / cold, cold);
+        fprintf(stderr, "[stats] decode: drive %d read %.2f GB/s%s%s\n", d, gbps, vs, vc);
     }
 }
 

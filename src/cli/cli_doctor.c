@@ -2,7 +2,11 @@
  * latency (the denominator of every storage ratio), and check a DFSP store's blobs.
  * Read-only with respect to models: it writes one temporary file per drive and removes it, and
  * leaves the drive's tuning (io.h, IO_TUNE_FILE) in each drive folder, which run, eval and serve
- * then use for that drive's queue depth and request size. */
+ * then use for that drive's queue depth and request size. When the folder holds a store's pack,
+ * it also reads the pack at random with that tuning: cold model data, which on some drives (a
+ * virtual disk whose host caches what was just written; an SSD's write cache) reads slower than
+ * the temporary file, so both are reported. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -22,8 +26,10 @@ static const char *HELP =
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
     "1G) that is removed afterwards; --verbose prints the whole size x depth grid. The smallest\n"
     "request x depth within 5% of the best is saved as DIR/" IO_TUNE_FILE ": the weight store\n"
-    "reads that drive with it (--no-save: measure only). With --model STORE: reads every blob of\n"
-    "a DFSP store and checks its xxh3 checksum.\n";
+    "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, random\n"
+    "reads of it with that request x depth are measured too (cold model data; saved beside the\n"
+    "tuning, and run --stats compares decode's reads with it). With --model STORE: reads every\n"
+    "blob of a DFSP store and checks its xxh3 checksum.\n";
 
 static int write_temp(const char *path, uint64_t size, errbuf *err)
 {
@@ -49,8 +55,10 @@ static int write_temp(const char *path, uint64_t size, errbuf *err)
     return rc;
 }
 
-/* sequential O_DIRECT reads of the whole file with `depth` requests of `req` bytes in flight */
-static double seq_bw(const char *path, uint64_t size, uint64_t req, int depth, errbuf *err)
+/* O_DIRECT reads of `size` bytes of the file's first `span` bytes, with `depth` requests of `req`
+ * bytes in flight: in order from the start, or at random req-aligned offsets */
+static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t req, int depth, int random,
+                      errbuf *err)
 {
     io_cfg c;
     io_cfg_default(&c);
@@ -65,13 +73,16 @@ static double seq_bw(const char *path, uint64_t size, uint64_t req, int depth, e
         io_free(io);
         return -1;
     }
+    rng r;
+    rng_seed(&r, 3);
     double t0 = timer_now();
-    uint64_t off = 0, done = 0;
+    uint64_t off = 0, done = 0, slots = span / req;
     int inflight = 0, ok;
     uint64_t tag;
     while (done < size) {
         while (inflight < depth && off < size) {
-            if (io_read(io, f, off, req, buf + (size_t)(inflight % depth) * req, off, err) != 0)
+            uint64_t at = random ? (rng_next(&r) % slots) * req : off;
+            if (io_read(io, f, at, req, buf + (size_t)(inflight % depth) * req, at, err) != 0)
                 break;
             off += req;
             inflight++;
@@ -85,6 +96,29 @@ static double seq_bw(const char *path, uint64_t size, uint64_t req, int depth, e
     io_free(io);
     free(buf);
     return done >= size ? (double)size / dt / 1e9 : -1;
+}
+
+/* the largest store pack in dir (DFSP: dfsp-<identity>.pack) and its size; 0 if none */
+static uint64_t find_pack(const char *dir, char *path, size_t cap)
+{
+    DIR *dd = opendir(dir);
+    uint64_t best = 0;
+    struct dirent *de;
+    while (dd && (de = readdir(dd))) {
+        size_t n = strlen(de->d_name);
+        if (strncmp(de->d_name, "dfsp-", 5) != 0 || n < 10 || strcmp(de->d_name + n - 5, ".pack") != 0)
+            continue;
+        char p[4200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > best) {
+            best = (uint64_t)st.st_size;
+            snprintf(path, cap, "%s", p);
+        }
+    }
+    if (dd)
+        closedir(dd);
+    return best;
 }
 
 static void rand_lat(const char *path, uint64_t size, double *p50, double *p99, errbuf *err)
@@ -154,7 +188,8 @@ int cmd_doctor(int argc, char **argv)
     if (drives) {
         char buf[8192], *save = NULL;
         snprintf(buf, sizeof buf, "%s", drives);
-        printf("| drive | best O_DIRECT read | request x depth | 4 KiB read p50 | p99 |\n|---|---|---|---|---|\n");
+        printf("| drive | best O_DIRECT read | request x depth | 4 KiB read p50 | p99 | store pack, random reads |\n"
+               "|---|---|---|---|---|---|\n");
         for (char *d = strtok_r(buf, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
             char path[4200];
             snprintf(path, sizeof path, "%s/.deltafin-doctor.%ld.tmp", d, (long)getpid());
@@ -167,7 +202,7 @@ int cmd_doctor(int argc, char **argv)
             double best = 0, grid[3][6];
             for (size_t a = 0; a < 3; a++)
                 for (size_t b = 0; b < 6; b++)
-                    if ((grid[a][b] = seq_bw(path, size, reqs[a], depths[b], &err)) > best)
+                    if ((grid[a][b] = read_bw(path, size, size, reqs[a], depths[b], 0, &err)) > best)
                         best = grid[a][b];
             /* the least data in flight that reaches 95% of the best: as fast, less memory held in
              * reads, and not a noise-picked corner of the grid */
@@ -197,9 +232,22 @@ int cmd_doctor(int argc, char **argv)
                 errbuf_set(&err, "%s: could not read the test file", d);
                 return cli_fail(cmd, &err);
             }
-            printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us |\n", d, best, (unsigned long long)(br >> 10),
-                   bd, p50, p99);
-            if (save_tuning && io_tune_save(d, br, bd, bg, best, &err) != 0)
+            /* cold model data: a store's pack in the folder, read at random with the tuning chosen */
+            char pack[4200], cold_s[64] = "-";
+            uint64_t pack_size = find_pack(d, pack, sizeof pack);
+            double cold = 0;
+            if (pack_size >= 4 * br) { /* else too few requests to say anything */
+                uint64_t n = pack_size < size ? pack_size / br * br : size / br * br;
+                cold = read_bw(pack, pack_size, n, br, bd, 1, &err);
+                if (cold < 0) {
+                    errbuf_set(&err, "%s: could not read %s", d, pack);
+                    return cli_fail(cmd, &err);
+                }
+                snprintf(cold_s, sizeof cold_s, "%.2f GB/s", cold);
+            }
+            printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us | %s |\n", d, best,
+                   (unsigned long long)(br >> 10), bd, p50, p99, cold_s);
+            if (save_tuning && io_tune_save(d, br, bd, bg, best, cold, &err) != 0)
                 return cli_fail(cmd, &err);
             if (save_tuning)
                 fprintf(stderr, "doctor: saved %s/%s (%llu KiB x %d, %.2f GB/s)\n", d, IO_TUNE_FILE,

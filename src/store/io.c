@@ -187,11 +187,11 @@ int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
 int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *path, errbuf *err)
 {
     int64_t req = 0, depth = 0;
-    double best = 0;
+    double best = 0, cold = 0;
     if (d < 0 || d >= IO_MAX_DRIVES)
         return errbuf_set(err, "%s: drive %d is past the %d drives the engine takes", path, d, IO_MAX_DRIVES);
     if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0 ||
-        jsonr_num(j, "best_gbps", &best, 1, path, err) != 0)
+        jsonr_num(j, "best_gbps", &best, 1, path, err) != 0 || jsonr_num(j, "cold_gbps", &cold, 1, path, err) != 0)
         return -1;
     if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096)
         return errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
@@ -200,25 +200,32 @@ int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *path, errbuf *e
         return errbuf_set(err, "%s: field 'depth': %lld is outside [1, %d]", path, (long long)depth, TUNE_MAX_DEPTH);
     if (!(best >= 0 && best < 1e6))
         return errbuf_set(err, "%s: field 'best_gbps': %g is not a bandwidth in GB/s", path, best);
+    if (!(cold >= 0 && cold < 1e6))
+        return errbuf_set(err, "%s: field 'cold_gbps': %g is not a bandwidth in GB/s", path, cold);
     c->drive_chunk[d] = (uint64_t)req;
     c->drive_depth[d] = (int)depth;
     c->drive_best_gbps[d] = best;
+    c->drive_cold_gbps[d] = cold;
     return 1;
 }
 
-int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, errbuf *err)
+int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, double cold_gbps,
+                 errbuf *err)
 {
-    char path[4200], buf[320];
+    char path[4200], buf[400], cold[64] = "";
     snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
+    if (cold_gbps > 0)
+        snprintf(cold, sizeof cold, "\"cold_gbps\": %.3f, ", cold_gbps);
     int n = snprintf(buf, sizeof buf,
-                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, \"best_gbps\": %.3f, "
+                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, \"best_gbps\": %.3f, %s"
                      "\"note\": \"deltafin doctor --drives: least in flight within 5%% of the best O_DIRECT read\"}\n",
-                     (unsigned long long)request_bytes, depth, gbps, best_gbps);
+                     (unsigned long long)request_bytes, depth, gbps, best_gbps, cold);
     return file_write_atomic(path, buf, (size_t)n, err);
 }
 
 int io_drive_depth(const io_engine *e, int d) { return e->cfg.drive_depth[d]; }
 double io_drive_best_gbps(const io_engine *e, int d) { return e->cfg.drive_best_gbps[d]; }
+double io_drive_cold_gbps(const io_engine *e, int d) { return e->cfg.drive_cold_gbps[d]; }
 uint64_t io_drive_chunk(const io_engine *e, int d) { return e->cfg.drive_chunk[d]; }
 int io_total_depth(const io_engine *e)
 {
