@@ -596,7 +596,7 @@ TEST(store_lookahead_guesses_are_used)
     CHECKF(d1 < d0, "lookahead did not lower the reads on demand (%llu vs %llu without)", d1, d0);
 }
 
-/* The lookahead's bookkeeping, through the expert source itself: a guess its layer asks for is
+/* The lookahead's bookkeeping, through the weight source itself: a guess its layer asks for is
  * credited once; a guess its layer does not ask for is never credited, even when a later pass
  * asks for that expert (it is an ordinary cached expert by then). */
 static void request_one(const weight_src *xs, int layer, int id)

@@ -171,7 +171,7 @@ int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, floa
             if (got < 0)
                 return -1;
             if (got == 0)
-                return errbuf_set(b->err, "layer %d: the expert source handed over %d of %d experts", layer, k, nu);
+                return errbuf_set(b->err, "layer %d: the weight source handed over %d of %d experts", layer, k, nu);
             ex = &mats;
         } else {
             e = uni[k];
