@@ -3,9 +3,10 @@
  * Read-only with respect to models: it writes one temporary file per drive and removes it, and
  * leaves the drive's tuning (io.h, IO_TUNE_FILE) in each drive folder, which run, eval and serve
  * then use for that drive's queue depth and request size. When the folder holds a store's pack,
- * it also reads the pack at random with that tuning: cold model data, which on some drives (a
+ * it also reads the pack at random over the same grid: cold model data, which on some drives (a
  * virtual disk whose host caches what was just written; an SSD's write cache) reads slower than
- * the temporary file, so both are reported. */
+ * the temporary file, and for which another request size can be best; the tuning is then picked
+ * from that grid, and both bests are reported. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,10 +27,11 @@ static const char *HELP =
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
     "1G) that is removed afterwards; --verbose prints the whole size x depth grid. The smallest\n"
     "request x depth within 5% of the best is saved as DIR/" IO_TUNE_FILE ": the weight store\n"
-    "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, random\n"
-    "reads of it with that request x depth are measured too (cold model data; saved beside the\n"
-    "tuning, and run --stats compares decode's reads with it). With --model STORE: reads every\n"
-    "blob of a DFSP store and checks its xxh3 checksum.\n";
+    "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, the same\n"
+    "grid of random reads of it is measured too (cold model data, each cell at most 2 s), and the\n"
+    "tuning is picked from that grid; its best is saved beside the tuning, and run --stats puts\n"
+    "decode's reads against it. With --model STORE: reads every blob of a DFSP store and checks its\n"
+    "xxh3 checksum.\n";
 
 static int write_temp(const char *path, uint64_t size, errbuf *err)
 {
@@ -56,9 +58,10 @@ static int write_temp(const char *path, uint64_t size, errbuf *err)
 }
 
 /* O_DIRECT reads of `size` bytes of the file's first `span` bytes, with `depth` requests of `req`
- * bytes in flight: in order from the start, or at random req-aligned offsets */
+ * bytes in flight: in order from the start, or at random req-aligned offsets; with max_s > 0 they
+ * stop after that many seconds (the rate is of what was read by then) */
 static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t req, int depth, int random,
-                      errbuf *err)
+                      double max_s, errbuf *err)
 {
     io_cfg c;
     io_cfg_default(&c);
@@ -80,6 +83,8 @@ static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t r
     int inflight = 0, ok;
     uint64_t tag;
     while (done < size) {
+        if (max_s > 0 && done > 0 && timer_now() - t0 > max_s)
+            size = off; /* let what is in flight land, then stop */
         while (inflight < depth && off < size) {
             uint64_t at = random ? (rng_next(&r) % slots) * req : off;
             if (io_read(io, f, at, req, buf + (size_t)(inflight % depth) * req, at, err) != 0)
@@ -96,6 +101,50 @@ static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t r
     io_free(io);
     free(buf);
     return done >= size ? (double)size / dt / 1e9 : -1;
+}
+
+static const uint64_t grid_req[3] = {128 << 10, 1 << 20, 4 << 20};
+static const int grid_depth[6] = {1, 4, 8, 16, 32, 64};
+
+/* GB/s over the request size x queue depth grid (sequential reads of a temporary file, or random
+ * reads of a pack, each cell capped at max_s); returns the best, -1 if a read failed */
+static double grid_run(const char *path, uint64_t span, uint64_t size, int random, double max_s, double g[3][6],
+                       errbuf *err)
+{
+    double best = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 6; b++) {
+            uint64_t n = size / grid_req[a] * grid_req[a];
+            if ((g[a][b] = read_bw(path, span, n, grid_req[a], grid_depth[b], random, max_s, err)) < 0)
+                return -1;
+            best = g[a][b] > best ? g[a][b] : best;
+        }
+    return best;
+}
+
+/* the least data in flight that reaches 95% of the best: as fast, less memory held in reads, and
+ * not a noise-picked corner of the grid */
+static void grid_pick(double g[3][6], double best, uint64_t *req, int *depth, double *gbps)
+{
+    *req = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 6; b++)
+            if (g[a][b] >= 0.95 * best && (!*req || grid_req[a] * (uint64_t)grid_depth[b] < *req * (uint64_t)*depth)) {
+                *req = grid_req[a];
+                *depth = grid_depth[b];
+                *gbps = g[a][b];
+            }
+}
+
+static void grid_print(const char *what, double g[3][6])
+{
+    fprintf(stderr, "%s: GB/s by request size (rows) and queue depth 1 4 8 16 32 64:\n", what);
+    for (int a = 0; a < 3; a++) {
+        fprintf(stderr, "  %5llu KiB:", (unsigned long long)(grid_req[a] >> 10));
+        for (int b = 0; b < 6; b++)
+            fprintf(stderr, " %6.2f", g[a][b]);
+        fprintf(stderr, "\n");
+    }
 }
 
 /* the largest store pack in dir (DFSP: dfsp-<identity>.pack) and its size; 0 if none */
@@ -197,56 +246,40 @@ int cmd_doctor(int argc, char **argv)
                 unlink(path);
                 return cli_fail(cmd, &err);
             }
-            static const uint64_t reqs[] = {128 << 10, 1 << 20, 4 << 20};
-            static const int depths[] = {1, 4, 8, 16, 32, 64};
-            double best = 0, grid[3][6];
-            for (size_t a = 0; a < 3; a++)
-                for (size_t b = 0; b < 6; b++)
-                    if ((grid[a][b] = read_bw(path, size, size, reqs[a], depths[b], 0, &err)) > best)
-                        best = grid[a][b];
-            /* the least data in flight that reaches 95% of the best: as fast, less memory held in
-             * reads, and not a noise-picked corner of the grid */
-            uint64_t br = 0;
-            int bd = 0;
-            double bg = 0;
-            for (size_t a = 0; a < 3; a++)
-                for (size_t b = 0; b < 6; b++)
-                    if (grid[a][b] >= 0.95 * best && (!br || reqs[a] * (uint64_t)depths[b] < br * (uint64_t)bd)) {
-                        br = reqs[a];
-                        bd = depths[b];
-                        bg = grid[a][b];
-                    }
-            if (verbose) {
-                fprintf(stderr, "%s: GB/s by request size (rows) and queue depth 1 4 8 16 32 64:\n", d);
-                for (size_t a = 0; a < 3; a++) {
-                    fprintf(stderr, "  %5llu KiB:", (unsigned long long)(reqs[a] >> 10));
-                    for (size_t b = 0; b < 6; b++)
-                        fprintf(stderr, " %6.2f", grid[a][b]);
-                    fprintf(stderr, "\n");
-                }
-            }
-            double p50, p99;
+            double grid[3][6], best = grid_run(path, size, size, 0, 0, grid, &err), p50, p99;
+            if (verbose && best > 0)
+                grid_print(d, grid);
             rand_lat(path, size, &p50, &p99, &err);
             unlink(path);
             if (best <= 0) {
                 errbuf_set(&err, "%s: could not read the test file", d);
                 return cli_fail(cmd, &err);
             }
-            /* cold model data: a store's pack in the folder, read at random with the tuning chosen */
+            uint64_t br;
+            int bd;
+            double bg;
+            grid_pick(grid, best, &br, &bd, &bg);
+            /* cold model data: when a store's pack is in the folder, the same grid of random reads
+             * of it (each cell at most 2 s), and the tuning is picked on that grid, the store's own
+             * access pattern, instead: a just-written file can read faster than cold data */
             char pack[4200], cold_s[64] = "-";
             uint64_t pack_size = find_pack(d, pack, sizeof pack);
             double cold = 0;
-            if (pack_size >= 4 * br) { /* else too few requests to say anything */
-                uint64_t n = pack_size < size ? pack_size / br * br : size / br * br;
-                cold = read_bw(pack, pack_size, n, br, bd, 1, &err);
-                if (cold < 0) {
+            if (pack_size >= 4 * grid_req[2]) { /* else too few requests to say anything */
+                double cg[3][6];
+                cold = grid_run(pack, pack_size, pack_size < size ? pack_size : size, 1, 2.0, cg, &err);
+                if (cold <= 0) {
                     errbuf_set(&err, "%s: could not read %s", d, pack);
                     return cli_fail(cmd, &err);
                 }
+                if (verbose)
+                    grid_print(pack, cg);
+                grid_pick(cg, cold, &br, &bd, &bg);
                 snprintf(cold_s, sizeof cold_s, "%.2f GB/s", cold);
             }
             printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us | %s |\n", d, best,
                    (unsigned long long)(br >> 10), bd, p50, p99, cold_s);
+            fflush(stdout); /* before the next drive's --verbose grids on stderr */
             if (save_tuning && io_tune_save(d, br, bd, bg, best, cold, &err) != 0)
                 return cli_fail(cmd, &err);
             if (save_tuning)
