@@ -5,12 +5,14 @@
 # measured once at the start says little about a run half an hour later). Timing only.
 #
 # Needs the 12 GB k3-mini store of bench_store.sh in WORK/s1 (made here if missing, ~25 GB).
-# Each round: doctor --drives WORK/s1 (saves its best rate; --stats divides by it), then decode of
-# 16 tokens after an 8-token prompt at
+# Each round: doctor --drives WORK/s1 (saves its best rate on a temporary file, and the best of
+# random reads of the store's own pack there, cold model data; --stats divides by both), then
+# decode of 16 tokens after an 8-token prompt at
 #   4G: the spine resident, experts streaming through a cache of ~1/8 of them
 #   2G: the expert working set, 13 of 24 layer spines resident, the other 11 streamed
-# The figure is --stats' "decode: drive 0 read R GB/s (Q of doctor's D GB/s)" line: bytes read
-# after the first token over the time after it, so the prompt's reads do not count.
+# The figure is --stats' "decode: drive 0 read R GB/s (Q of doctor's D GB/s) (P of the C GB/s
+# doctor read the store's pack at)" line: bytes read after the first token over the time after
+# it, so the prompt's reads do not count.
 set -euo pipefail
 W=${1:-/tmp/deltafin-bench}
 ROUNDS=${2:-3}
@@ -21,7 +23,7 @@ mkdir -p "$W"
 echo "== machine"; nproc; free -g | head -2; date -u
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r"
-  $B doctor --drives "$W/s1" --size 4G | grep -E '^\| /'
+  $B doctor --drives "$W/s1" --size 4G | grep -E "^\| /"
   for b in 4G 2G; do
     echo "-- --ram-budget $b"
     $B run --model "$W/s1" --tokens 1,2,3,4,5,6,7,8 --max-new 16 --print-ids --ram-budget $b --stats 2>&1 |
