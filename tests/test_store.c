@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,7 +47,8 @@ static float *run(const model *m, store *st, int chunk, errbuf *err)
     return out;
 }
 
-/* RAM budgets: every spine resident and `slots` experts; or the least a store opens with (the
+/* RAM budgets: the spine and `slots` experts (the planner may still stream some spines to keep
+ * more expert slots when `slots` is below its working set); or the least a store opens with (the
  * globals, two spine slots, two experts: every layer's spine streams, forced for models so small
  * that two slots hold more than their spine); or halfway between */
 enum { ALL_SPINE = 0, LEAST = -1, HALF_SPINE = -2 };
@@ -66,8 +68,7 @@ static uint64_t budget_of(const blob_table *bt, int slots)
     return bt->spine_bytes + (uint64_t)slots * X;
 }
 
-/* a store over m (HF folder when info is NULL) with room for `slots` experts and every spine, or
- * one of the budgets above */
+/* a store over m (HF folder when info is NULL) with one of the budgets above */
 static store *open_store(model *m, const dfsp_info *info, blob_table *bt_in, int slots, int prefetch,
                          const char *emulate, errbuf *err)
 {
@@ -160,10 +161,36 @@ static void check_streamed_layers(store *st, const model *m, const char *what)
             CHECKF((ma[k]->data != mb[k]->data) == pl->streamed[i], "%s: layer %d matrix %d: streamed %d, moved %d",
                    what, i, k, pl->streamed[i], ma[k]->data != mb[k]->data);
             CHECK(memcmp(ma[k]->data, mb[k]->data, (size_t)ma[k]->rows * ma[k]->row_bytes) == 0);
-            if (ma[k]->scale)
-                CHECK(ma[k]->scale != mb[k]->scale || !pl->streamed[i]);
+            if (ma[k]->scale) { /* FP8: one scale row per 128 weight rows */
+                size_t srows = ma[k]->fmt == WF_FP8B128 ? ((size_t)ma[k]->rows + 127) / 128 : (size_t)ma[k]->rows;
+                CHECK((ma[k]->scale != mb[k]->scale) == pl->streamed[i]);
+                CHECK(memcmp(ma[k]->scale, mb[k]->scale, srows * ma[k]->scale_stride) == 0);
+            }
         }
         xs->layer_release(xs->ctx, i);
+    }
+}
+
+/* Makes the model's own mapping of every streamed layer's tensors unreadable (prot PROT_NONE), or
+ * readable again (PROT_READ): while it is not, a pass that read a streamed layer from the mapping
+ * instead of its slot would crash, so equal logits prove the slots are what was computed on. Only
+ * whole pages inside each tensor (a page at an edge may hold a neighbour's bytes). */
+static void protect_streamed(const store *st, const model *m, int prot)
+{
+    const blob_table *bt = store_blobs(st);
+    const store_plan *pl = store_plan_get(st);
+    long pg = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < m->hp.n_layers; i++) {
+        if (!pl->streamed[i])
+            continue;
+        const blob *x = &bt->b[bt->layer_blob[i]];
+        for (int k = 0; k < x->nparts; k++) {
+            const st_tensor *t = &m->st.t[bt->part[x->first_part + k].tensor];
+            uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+            uintptr_t e = ((uintptr_t)t->data + (t->end - t->begin)) & ~(uintptr_t)(pg - 1);
+            if (e > a)
+                CHECKF(mprotect((void *)a, e - a, prot) == 0, "mprotect layer %d", i);
+        }
     }
 }
 
@@ -191,7 +218,9 @@ static void compare_streamed(const char *dir, int dfsp, int slots, int pf, int c
     if (slots == HALF_SPINE)
         CHECKF(pl->spine_streamed > 0 && pl->spine_streamed < n, "%s: half the spine budget streams %d of %d", what,
                pl->spine_streamed, n);
+    protect_streamed(st, m, PROT_NONE);
     float *got = run(m, st, chunk, &err);
+    protect_streamed(st, m, PROT_READ);
     CHECKF(got, "%s: %s", what, err.msg);
     int same = memcmp(got, ref, sizeof(float) * NIDS * (size_t)m->hp.vocab) == 0;
     free(got);
@@ -218,7 +247,8 @@ static void compare_all(const char *src)
     blob_table_free(&bt0);
     for (int pf = 0; pf <= 1; pf++)
         for (int chunk = 1; chunk <= NIDS; chunk += NIDS - 1)
-            compare_streamed(src, 0, pf || !half ? LEAST : HALF_SPINE, pf, chunk, ref, "HF spine streamed");
+            for (int h = 0; h <= half; h++)
+                compare_streamed(src, 0, h ? HALF_SPINE : LEAST, pf, chunk, ref, "HF spine streamed");
     /* Hugging Face folder, streamed through 2 slots (nearly everything is read), T = 12 and T = 1 */
     for (int pf = 0; pf <= 1; pf++)
         for (int chunk = 1; chunk <= NIDS; chunk += NIDS - 1) {
@@ -257,7 +287,8 @@ static void compare_all(const char *src)
         float *mapped = run(&dm, NULL, NIDS, &err);
         /* every spine streamed, then half of them: prefetch on and off */
         for (int pf = 0; pf <= 1; pf++)
-            compare_streamed(dst, 1, pf || !half ? LEAST : HALF_SPINE, pf, 1 + 4 * pf, ref, name);
+            for (int h = 0; h <= half; h++)
+                compare_streamed(dst, 1, h ? HALF_SPINE : LEAST, pf, 1 + 4 * pf, ref, name);
         store *st = open_store(&dm, &info, &bt, 3, 1, l == 2 ? "400:50,800:20,200:100" : NULL, &err);
         CHECKF(st, "%s", err.msg);
         float *streamed = run(&dm, st, 5, &err);
@@ -363,6 +394,7 @@ static void fail_then_recover(const model *dm, store *st, const char *want, cons
     session_set_weights(&s, store_weights(st));
     CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
     CHECKF(strstr(err.msg, want) && strstr(err.msg, "checksum"), "%s", err.msg);
+    CHECKF(store_pinned(st) == 0, "%d slots still pinned after the failed pass", store_pinned(st));
     CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
     for (int i = 0; i < n; i++)
         flip_byte(pack, off[i]);
@@ -378,8 +410,9 @@ static void fail_then_recover(const model *dm, store *st, const char *want, cons
 }
 
 /* a failed expert load poisons the session (its state advanced part-way), releases the failed
- * request's pins and forgets the bad slot: after a reset, with the pack repaired, the same
- * store computes exactly what the resident model does */
+ * request's pins (and the streamed spine of the layer it failed in) and forgets the bad slot:
+ * after a reset, with the pack repaired, the same store computes exactly what the resident
+ * model does */
 TEST(store_recovers_after_a_failed_load)
 {
     errbuf err;
@@ -388,26 +421,35 @@ TEST(store_recovers_after_a_failed_load)
     dfsp_info info;
     char *dst;
     prepare_open(&dst, "recover", 1, 1, &dm, &bt, &info);
-    /* one flipped byte in every expert of layer 1: the first token fails there */
-    char pack[1024];
-    uint64_t off[512];
-    int ne = bt.n_experts < 512 ? bt.n_experts : 512;
-    snprintf(pack, sizeof pack, "%s", info.pack_path[0]);
-    for (int e = 0; e < ne; e++) {
-        const blob *x = &bt.b[bt.expert_blob[1 * bt.n_experts + e]];
-        off[e] = x->copy[0].off + x->size / 2;
-        flip_byte(pack, off[e]);
+    /* one flipped byte in every expert of layer 1: the first token fails there; with 2 expert slots'
+     * worth of budget beyond the spine, then with every spine streamed (the failure comes while
+     * layer 1's spine is held) */
+    for (int budget = 2; budget >= LEAST; budget -= 3) {
+        if (budget == LEAST)
+            CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+        char pack[1024];
+        uint64_t off[512];
+        int ne = bt.n_experts < 512 ? bt.n_experts : 512;
+        snprintf(pack, sizeof pack, "%s", info.pack_path[0]);
+        for (int e = 0; e < ne; e++) {
+            const blob *x = &bt.b[bt.expert_blob[1 * bt.n_experts + e]];
+            off[e] = x->copy[0].off + x->size / 2;
+            flip_byte(pack, off[e]);
+        }
+        store *st = open_store(&dm, &info, &bt, budget, 0, NULL, &err);
+        CHECKF(st, "%s", err.msg);
+        CHECK(budget != LEAST || store_plan_get(st)->spine_streamed == dm.hp.n_layers);
+        fail_then_recover(&dm, st, "layer 1 expert", pack, off, ne);
+        model_free(&dm);
     }
-    store *st = open_store(&dm, &info, &bt, 2, 0, NULL, &err);
-    CHECKF(st, "%s", err.msg);
-    fail_then_recover(&dm, st, "layer 1 expert", pack, off, ne);
-    model_free(&dm);
 }
 
 /* The planner spends the budget spine first, except for the working set of expert slots: within
- * the budget, every layer spine resident when it fits with 2 x top_k experts; else the fewest
- * layers streamed (the last layer among them), never more as the budget grows; below the least,
- * an error naming the globals, spine slots and experts. */
+ * the budget, every layer spine resident when it fits with 2 x top_k experts; else as large a
+ * working set as fits (never smaller as the budget grows), and once it is whole the fewest layers
+ * streamed (never more as the budget grows; the last layer among them); the budget used to within
+ * one expert; a budget far beyond the model still a valid plan; below the least, an error naming
+ * the globals, spine slots and experts. */
 TEST(store_plan_spine_first)
 {
     errbuf err;
@@ -422,11 +464,17 @@ TEST(store_plan_spine_first)
     CHECK(p.spine_streamed == 0 && p.spine_slots == 0 && p.expert_slots == 100 && p.resident_bytes == bt.spine_bytes);
     /* the spine fits with 4 experts but not with the working set: layers stream to make room */
     CHECK(store_plan_make(&bt, bt.spine_bytes + 4 * X, 0, work, &p, &err) == 0);
-    CHECKF(p.spine_streamed > 0 && p.expert_slots >= work, "%d streamed, %d expert slots", p.spine_streamed,
-           p.expert_slots);
-    int last = n + 1;
-    for (uint64_t b = budget_of(&bt, LEAST); b < bt.spine_bytes + (uint64_t)work * X; b += 65536) {
+    CHECKF(p.spine_streamed > 0 && p.expert_slots >= work && p.working == work, "%d streamed, %d expert slots",
+           p.spine_streamed, p.expert_slots);
+    int last = n + 1, last_work = 0;
+    for (uint64_t b = budget_of(&bt, LEAST); b < bt.spine_bytes + (uint64_t)work * X; b += 16384) {
         CHECKF(store_plan_make(&bt, b, 0, work, &p, &err) == 0, "%llu: %s", (unsigned long long)b, err.msg);
+        CHECKF(p.working >= last_work && p.working <= work && p.expert_slots >= p.working,
+               "budget %llu keeps a working set of %d (%d slots), a smaller one %d", (unsigned long long)b, p.working,
+               p.expert_slots, last_work);
+        if (p.working > last_work)
+            last = n + 1;
+        last_work = p.working;
         CHECKF(p.spine_streamed <= last, "budget %llu streams %d, a smaller one %d", (unsigned long long)b,
                p.spine_streamed, last);
         last = p.spine_streamed;
@@ -441,6 +489,10 @@ TEST(store_plan_spine_first)
             cnt += p.streamed[i];
         CHECK(cnt == p.spine_streamed);
     }
+    CHECKF(last_work == work, "the sweep never reached the whole working set (%d of %d)", last_work, work);
+    /* far more than the model: every spine resident, the slot count clamped, not wrapped */
+    CHECK(store_plan_make(&bt, (uint64_t)1 << 62, 0, work, &p, &err) == 0 && p.spine_streamed == 0 &&
+          p.expert_slots >= STORE_MIN_EXPERT_SLOTS);
     CHECK(store_plan_make(&bt, bt.spine_bytes * 4, 1, work, &p, &err) == 0 && p.spine_streamed == n);
     CHECK(store_plan_make(&bt, budget_of(&bt, LEAST) - 1, 1, work, &p, &err) != 0);
     CHECKF(strstr(err.msg, "below the least") && strstr(err.msg, "globals") && strstr(err.msg, "spine slots") &&
@@ -486,6 +538,51 @@ TEST(store_spine_flipped_byte_is_named)
     CHECKF(sto, "%s", err.msg);
     fail_then_recover(&dm, sto, want, pack, &off, 1);
     model_free(&dm);
+}
+
+/* Mirrors: each copy is checked the first time it is read (checking a blob once, whichever copy,
+ * let a corrupt second copy through once the first had been checked), and a copy that fails is
+ * read again from the other one. With the second copy of every spine corrupted, streamed spines
+ * read from both copies of two equal (emulated) drives: the logits are the resident ones, the
+ * failures are counted, the CLI warns and points at doctor, which names the bad copy. */
+TEST(store_mirror_copies_are_each_checked)
+{
+    errbuf err;
+    model dm, ref_m;
+    blob_table bt;
+    dfsp_info info;
+    char *dst;
+    CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
+    float *ref = run(&ref_m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    prepare_open(&dst, "mirror-each", 2, 2, &dm, &bt, &info);
+    for (int i = 0; i < dm.hp.n_layers; i++) {
+        const blob *x = &bt.b[bt.layer_blob[i]];
+        CHECK(x->ncopies == 2);
+        flip_byte(info.pack_path[x->copy[1].file], x->copy[1].off + x->size / 2);
+    }
+    store *st = open_store(&dm, &info, &bt, LEAST, 1, "500:20,500:20", &err);
+    CHECKF(st, "%s", err.msg);
+    float *out = run(&dm, st, 1, &err);
+    CHECKF(out, "%s", err.msg);
+    int same = memcmp(out, ref, sizeof(float) * NIDS * (size_t)dm.hp.vocab) == 0;
+    store_stats ss;
+    store_stats_get(st, &ss);
+    CHECKF(same && ss.copy_failures > 0, "logits %s, %llu reads of a bad copy noticed", same ? "right" : "WRONG",
+           (unsigned long long)ss.copy_failures);
+    CHECK(store_pinned(st) == 0);
+    free(out);
+    free(ref);
+    store_free(st);
+    model_free(&dm);
+    model_free(&ref_m);
+    char cmd[8192], txt[8192];
+    snprintf(cmd, sizeof cmd, "%s eval --model %s --tokens 1,2,3,4,5,6 --logits-out %s/m.f32 --ram-budget 6M "
+             "--emulate-drives 500:20,500:20 --prefill-chunk 1", tu_bin(), dst, test_tmpdir());
+    CHECKF(tu_run(cmd, txt, sizeof txt) == 0 && strstr(txt, "warning") && strstr(txt, "doctor --model"), "%s", txt);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
+    CHECKF(tu_run(cmd, txt, sizeof txt) == 1 && strstr(txt, "spine") && strstr(txt, "copy 1") && strstr(txt, "checksum"),
+           "%s", txt);
 }
 
 /* run with a budget below the spine: from a DFSP store and from the Hugging Face folder, the ids of

@@ -292,6 +292,14 @@ void cli_engine_close(cli_engine *e)
     errbuf err;
     if (e->store && store_heat_save(e->store, &err) != 0)
         fprintf(stderr, "deltafin: could not keep routing counts: %s\n", err.msg);
+    store_stats st = {0};
+    if (e->store)
+        store_stats_get(e->store, &st);
+    if (st.copy_failures > 0) /* the run was right, from the mirrors; a copy wants repair */
+        fprintf(stderr,
+                "deltafin: warning: %llu reads failed or mismatched their checksum and were read from another copy; "
+                "`deltafin doctor --model %s` names the bad copies\n",
+                (unsigned long long)st.copy_failures, e->m.dir);
     store_free(e->store);
     pool_free(e->pool);
     if (e->m.L)

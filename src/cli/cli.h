@@ -31,7 +31,8 @@ typedef struct cli_store_opts {
     const char *io;         /* uring | pread */
     int prefetch;           /* 1 unless --prefetch off */
     int verify;             /* 1 unless --no-verify */
-    int min_cache;          /* stream with the smallest cache (2 experts) whatever the budget */
+    int min_cache;          /* stream with the budget of the spine and 2 experts, whatever --ram-budget
+                               says (the planner may stream a few spines to keep more experts) */
 } cli_store_opts;
 void cli_store_opts_default(cli_store_opts *o);
 /* Consumes argv[*i] if it is a store option: 1 consumed, 0 not one, -1 usage error (printed). */

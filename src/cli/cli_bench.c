@@ -95,7 +95,7 @@ int cmd_bench(int argc, char **argv)
     }
     const hparams *hp = &e.m.hp;
     const weight_src *xs = store_weights(e.store);
-    int K = hp->top_k, E = hp->n_experts, L = hp->n_layers, rc = 1;
+    int K = hp->top_k, E = hp->n_experts, L = hp->n_layers, rc = 1, held = -1; /* held: the layer taken */
     int *ids = malloc(sizeof(int) * (size_t)K * (size_t)L); /* [layer][K]: this token's and the next's */
     if (!ids) {
         errbuf_set(&err, "out of memory");
@@ -112,8 +112,10 @@ int cmd_bench(int argc, char **argv)
             const layer_w *lw;
             if (xs->layer(xs->ctx, l, &lw, &err) != 0)
                 goto out;
+            held = l;
             if (hp->ffn_kind[l] != FFN_MOE) {
                 xs->layer_release(xs->ctx, l);
+                held = -1;
                 continue;
             }
             if (xs->begin(xs->ctx, l, ids + (size_t)l * K, K, &err) != 0)
@@ -135,6 +137,7 @@ int cmd_bench(int argc, char **argv)
                 xs->release(xs->ctx, l, id);
             }
             xs->layer_release(xs->ctx, l);
+            held = -1;
         }
     }
     double dt = timer_now() - t0;
@@ -150,6 +153,8 @@ int cmd_bench(int argc, char **argv)
     cli_engine_stats(&e, (int)tokens, dt);
     rc = 0;
 out:
+    if (held >= 0)
+        xs->layer_release(xs->ctx, held);
     if (rc)
         cli_fail(cmd, &err);
     free(ids);

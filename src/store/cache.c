@@ -22,6 +22,7 @@
 #include "store/store.h"
 
 enum { S_EMPTY, S_LOADING, S_READY };
+_Static_assert(STORE_MAX_COPIES <= 8, "verified[] keeps one bit per copy in a byte");
 enum { R_WAIT, R_LOADING, R_READY, R_RETURNED };
 enum { BAD_NONE, BAD_READ, BAD_SUM, BAD_QUEUE };
 
@@ -31,6 +32,8 @@ typedef struct slot {
     int pins;
     int reads_left;
     int bad;         /* BAD_*: why the load failed (reported to the request that needs it) */
+    int copy;        /* the DFSP copy it was read from (mirrors: any of them), -1 for a Hugging Face
+                        folder */
     uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
     int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess;
@@ -57,7 +60,9 @@ struct store {
     size_t mem_bytes;
     slot *sl;
     int *blob_slot;  /* [nblobs] */
-    uint8_t *verified;
+    uint8_t *verified;  /* [nblobs] bit c: copy c matched its checksum once (each copy is checked, since
+                           any of them may be the one read) */
+    uint8_t *bad_copy;  /* [nblobs] bit c: a read of copy c failed or mismatched: reads avoid it */
     uint32_t *heat;  /* [nblobs] routing counts */
     layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot when a pass takes it */
     int spine_pf_after; /* a layer whose next streamed spines are still to be read ahead, or -1 */
@@ -141,15 +146,24 @@ int store_heat_save(const store *s, errbuf *err)
     return rc;
 }
 
-static void name_of(const store *s, int b, char *buf, size_t cap)
+/* "blob 'layer 3 spine' in PACK" (the copy read), or for a Hugging Face folder the safetensors
+ * file(s) its tensors come from */
+static void name_of(const store *s, int b, int copy, char *buf, size_t cap)
 {
     char nm[64];
     blob_name(&s->bt.b[b], nm, sizeof nm);
     const blob *x = &s->bt.b[b];
-    if (x->ncopies > 0)
-        snprintf(buf, cap, "blob '%s' in %s", nm, s->file_path[x->copy[0].file]);
+    if (x->ncopies > 0) {
+        snprintf(buf, cap, "blob '%s' in %s", nm, s->file_path[x->copy[copy >= 0 ? copy : 0].file]);
+        return;
+    }
+    int f0 = s->m->st.t[s->bt.part[x->first_part].tensor].file, others = 0;
+    for (int i = 1; i < x->nparts; i++)
+        others += s->m->st.t[s->bt.part[x->first_part + i].tensor].file != f0;
+    if (others)
+        snprintf(buf, cap, "blob '%s' in %s and other files", nm, s->m->st.files[f0].path);
     else
-        snprintf(buf, cap, "blob '%s'", nm);
+        snprintf(buf, cap, "blob '%s' in %s", nm, s->m->st.files[f0].path);
 }
 
 /* slot k no longer holds anything (a failed read or checksum): a later request reads again */
@@ -203,17 +217,26 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     int spine = x->kind != BLOB_EXPERT;
     uint64_t *bytes = spine ? &s->st.spine_bytes_read : &s->st.bytes_read;
     *(spine ? &s->st.spine_reads : &s->st.reads) += 1;
-    if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first */
-        int best = 0;
+    if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first; on a
+                              tie (idle drives), the drive that has read the least so far */
+        int best = -1, all_bad = s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1);
         double bt = 0;
+        uint64_t bb = 0;
         for (int c = 0; c < x->ncopies; c++) {
-            double t = io_expected(s->io, s->pack_drive[x->copy[c].file], blob_padded(x->size));
-            if (c == 0 || t < bt) {
+            if (!all_bad && (s->bad_copy[b] >> c & 1))
+                continue; /* it failed before: another copy while there is one */
+            int d = s->pack_drive[x->copy[c].file];
+            double t = io_expected(s->io, d, blob_padded(x->size));
+            io_drive_stats ds;
+            io_stats(s->io, d, &ds);
+            if (best < 0 || t < bt || (t == bt && ds.bytes < bb)) {
                 bt = t;
+                bb = ds.bytes;
                 best = c;
             }
         }
         sl->reads_left = 1;
+        sl->copy = best;
         *bytes += blob_padded(x->size);
         if (io_read(s->io, s->file_id[x->copy[best].file], x->copy[best].off, blob_padded(x->size), dst, (uint64_t)k,
                     err) != 0)
@@ -221,6 +244,7 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
         return 0;
     }
     sl->reads_left = x->nparts; /* Hugging Face folder: tensor by tensor */
+    sl->copy = -1;
     for (int i = 0; i < x->nparts; i++) {
         const blob_part *pt = &s->bt.part[x->first_part + i];
         const st_tensor *t = &s->m->st.t[pt->tensor];
@@ -275,13 +299,15 @@ static void landed(store *s, int k, int ok)
     sl->state = S_READY;
     int b = sl->blob;
     const blob *x = &s->bt.b[b];
-    if (!sl->bad && s->cfg.verify && x->ncopies > 0 && !s->verified[b]) {
+    if (!sl->bad && s->cfg.verify && x->ncopies > 0 && !(s->verified[b] >> sl->copy & 1)) {
         sl->got = XXH3_64bits(slot_mem(s, k), x->size);
         if (sl->got != x->xxh3)
             sl->bad = BAD_SUM;
         else
-            s->verified[b] = 1;
+            s->verified[b] |= (uint8_t)(1u << sl->copy);
     }
+    if ((sl->bad == BAD_READ || sl->bad == BAD_SUM) && sl->copy >= 0)
+        s->bad_copy[b] |= (uint8_t)(1u << sl->copy);
     for (int i = 0; i < s->n; i++)
         if (s->items_blob[i] == b && s->items_state[i] == R_LOADING)
             s->items_state[i] = R_READY;
@@ -300,7 +326,7 @@ static int bad_report(const store *s, int k, errbuf *err)
 {
     const slot *sl = &s->sl[k];
     char nm[1200];
-    name_of(s, sl->blob, nm, sizeof nm);
+    name_of(s, sl->blob, sl->copy, nm, sizeof nm);
     if (sl->bad == BAD_SUM)
         errbuf_set(err, "%s failed its checksum (xxh3 %016llx, manifest %016llx)", nm, (unsigned long long)sl->got,
                    (unsigned long long)s->bt.b[sl->blob].xxh3);
@@ -407,6 +433,20 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
     return 0;
 }
 
+/* Slot k (pinned, READY) failed its read or checksum: when the blob has a copy that has not
+ * failed, reads it from there into the same slot (counted in copy_failures: the run goes on with
+ * the right bytes, and the CLI says a copy is bad). 1 re-read started, 0 no other copy, -1 error. */
+static int reread_other_copy(store *s, int k, errbuf *err)
+{
+    slot *sl = &s->sl[k];
+    int b = sl->blob;
+    const blob *x = &s->bt.b[b];
+    if (sl->bad == BAD_QUEUE || x->ncopies < 2 || s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1))
+        return 0;
+    s->st.copy_failures++;
+    return issue(s, k, b, s->pass, err) == 0 ? 1 : -1;
+}
+
 static int next_item(store *s, int *id, mlp_w *mats, errbuf *err)
 {
     for (;;) {
@@ -416,8 +456,16 @@ static int next_item(store *s, int *id, mlp_w *mats, errbuf *err)
             if (s->items_state[i] != R_READY)
                 continue;
             int k = s->blob_slot[s->items_blob[i]];
-            if (s->sl[k].bad) /* reported; the caller forgets the slot so a later request reads again */
-                return bad_report(s, k, err);
+            if (s->sl[k].bad) {
+                int r = reread_other_copy(s, k, err);
+                if (r < 0)
+                    return -1;
+                if (r == 1) { /* the item waits for the other copy */
+                    s->items_state[i] = R_LOADING;
+                    continue;
+                }
+                return bad_report(s, k, err); /* the caller forgets the slot so a later request reads again */
+            }
             s->items_state[i] = R_RETURNED;
             s->returned++;
             *id = s->ids[i];
@@ -514,6 +562,54 @@ static void spine_read_ahead(store *s)
     }
 }
 
+/* Pins a spine slot holding layer `layer`'s blob b and waits until its reads are in: the slot it
+ * is in or on its way to, else a free one read now; a copy that fails is read again from another
+ * copy while there is one. 0 with *k ready, 1 with *k pinned but bad (its read or checksum
+ * failed on every copy tried), -1 on an engine error (nothing pinned). */
+static int spine_take(store *s, int layer, int b, int *k, errbuf *err)
+{
+    *k = s->blob_slot[b];
+    if (*k >= 0 && s->sl[*k].state == S_READY && s->sl[*k].bad && s->sl[*k].pins == 0) {
+        slot_drop(s, *k); /* a read that failed earlier: read it again */
+        *k = -1;
+    }
+    if (*k < 0) {
+        while ((*k = spine_victim(s, layer, layer)) < 0) /* every free slot is still loading */
+            if (reap(s, 1, err) != 1)
+                return errbuf_set(err, "store: no spine slot frees up for layer %d", layer);
+        if (issue(s, *k, b, s->pass, err) != 0)
+            return -1;
+    } else if (s->sl[*k].prefetched) {
+        s->st.spine_prefetch_hits++;
+    } else if (s->sl[*k].state == S_READY) {
+        s->st.spine_hits++;
+    }
+    slot *sl = &s->sl[*k];
+    sl->prefetched = 0;
+    sl->pf_layer = layer;
+    sl->pins++;
+    for (;;) {
+        while (sl->state == S_LOADING) {
+            int r = reap(s, 1, err);
+            if (r < 0 || (r == 0 && io_pending(s->io) == 0)) {
+                if (r == 0)
+                    errbuf_set(err, "store: layer %d's spine is loading with no read in flight", layer);
+                sl->pins--;
+                return -1;
+            }
+        }
+        if (!sl->bad)
+            return 0;
+        int r = reread_other_copy(s, *k, err);
+        if (r == 0)
+            return 1;
+        if (r < 0) {
+            sl->pins--;
+            return -1;
+        }
+    }
+}
+
 /* the layer's weights: the model's own when its spine is resident; else its spine blob in a
  * spine slot (read now unless it is there or on its way), the layer bound to it */
 static int xs_layer(void *ctx, int layer, const layer_w **out, errbuf *err)
@@ -531,43 +627,18 @@ static int xs_layer(void *ctx, int layer, const layer_w **out, errbuf *err)
             spine_read_ahead(s);
         return 0;
     }
-    int b = s->bt.layer_blob[layer], k = s->blob_slot[b];
+    int b = s->bt.layer_blob[layer], k;
     s->st.spine_requests++;
-    if (k >= 0 && s->sl[k].state == S_READY && s->sl[k].bad && s->sl[k].pins == 0) {
-        slot_drop(s, k); /* a read that failed earlier: read it again */
-        k = -1;
-    }
     double t0 = timer_now();
-    if (k < 0) {
-        while ((k = spine_victim(s, layer, layer)) < 0) /* every free slot is still loading */
-            if (reap(s, 1, err) != 1) {
-                s->st.spine_stall_s += timer_now() - t0;
-                return errbuf_set(err, "store: no spine slot frees up for layer %d", layer);
-            }
-        if (issue(s, k, b, s->pass, err) != 0)
-            goto fail;
-    } else if (s->sl[k].prefetched) {
-        s->st.spine_prefetch_hits++;
-    } else if (s->sl[k].state == S_READY) {
-        s->st.spine_hits++;
-    }
-    s->sl[k].prefetched = 0;
-    s->sl[k].pf_layer = layer;
-    s->sl[k].pins++;
-    while (s->sl[k].state == S_LOADING) {
-        int r = reap(s, 1, err);
-        if (r < 0 || (r == 0 && io_pending(s->io) == 0)) {
-            if (r == 0)
-                errbuf_set(err, "store: layer %d's spine is loading with no read in flight", layer);
-            s->sl[k].pins--;
-            goto fail;
-        }
-    }
+    int r = spine_take(s, layer, b, &k, err);
     s->st.spine_stall_s += timer_now() - t0;
-    if (s->sl[k].bad) {
-        bad_report(s, k, err);
-        s->sl[k].pins--;
-        goto fail;
+    if (r != 0) {
+        if (r == 1) {
+            bad_report(s, k, err);
+            s->sl[k].pins--;
+        }
+        request_abandon(s);
+        return -1;
     }
     layer_w *L = &s->spine_L[k - s->nx];
     blob_bind_layer(&s->bt, s->m, b, slot_mem(s, k), L); /* checked for every streamed layer at open */
@@ -576,10 +647,6 @@ static int xs_layer(void *ctx, int layer, const layer_w **out, errbuf *err)
     if (s->m->hp.ffn_kind[layer] != FFN_MOE) /* no expert reads to let go first */
         spine_read_ahead(s);
     return 0;
-fail:
-    s->st.spine_stall_s += timer_now() - t0;
-    request_abandon(s);
-    return -1;
 }
 
 static void xs_layer_release(void *ctx, int layer)
@@ -705,6 +772,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     s->spine_L = calloc((size_t)(s->ns ? s->ns : 1), sizeof *s->spine_L);
     s->blob_slot = malloc(sizeof(int) * (size_t)nb);
     s->verified = calloc((size_t)nb, 1);
+    s->bad_copy = calloc((size_t)nb, 1);
     s->heat = calloc((size_t)nb, sizeof *s->heat);
     s->read_pass = calloc((size_t)nb, sizeof *s->read_pass);
     s->reads_in_pass = calloc((size_t)nb, sizeof *s->reads_in_pass);
@@ -723,8 +791,8 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         memset(mem, 0, s->mem_bytes);
         s->mem = mem;
     }
-    if (!s->sl || !s->spine_L || !s->blob_slot || !s->verified || !s->heat || !s->read_pass || !s->reads_in_pass ||
-        !s->ids || !s->items_blob || !s->items_state || !s->mem) {
+    if (!s->sl || !s->spine_L || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->read_pass ||
+        !s->reads_in_pass || !s->ids || !s->items_blob || !s->items_state || !s->mem) {
         store_free(s);
         return errbuf_set(err, "store: out of memory for %d expert and %d spine slots", s->nx, s->ns);
     }
@@ -810,6 +878,7 @@ void store_free(store *s)
     free(s->spine_L);
     free(s->blob_slot);
     free(s->verified);
+    free(s->bad_copy);
     free(s->heat);
     free(s->read_pass);
     free(s->reads_in_pass);
@@ -823,6 +892,14 @@ void store_free(store *s)
 const weight_src *store_weights(store *s) { return &s->xs; }
 const store_plan *store_plan_get(const store *s) { return &s->plan; }
 int store_slots(const store *s) { return s->nx; }
+
+int store_pinned(const store *s)
+{
+    int n = 0;
+    for (int k = 0; k < s->nslots; k++)
+        n += s->sl[k].pins > 0;
+    return n;
+}
 uint64_t store_slot_bytes(const store *s) { return s->slot_bytes; }
 const blob_table *store_blobs(const store *s) { return &s->bt; }
 void store_stats_get(const store *s, store_stats *out) { *out = s->st; }

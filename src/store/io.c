@@ -442,6 +442,16 @@ static int pump(io_engine *e, int d, errbuf *err)
     while (dv->q_head >= 0 && dv->in_flight < e->cfg.drive_depth[d]) {
         int id = dv->q_head;
         piece *p = &e->pc[id];
+#ifdef HAVE_URING
+        struct io_uring_sqe *sqe = NULL;
+        if (e->backend == IO_URING && !(sqe = io_uring_get_sqe(&e->ring))) {
+            /* the ring is full of entries not yet sent: send them, then take one; a piece leaves
+             * the queue only with an entry, so a failure here loses nothing (a later pump retries) */
+            if (io_uring_submit(&e->ring) < 0 || !(sqe = io_uring_get_sqe(&e->ring)))
+                return errbuf_set(err, "io: io_uring submission queue full");
+            submitted = 0;
+        }
+#endif
         dv->q_head = p->next;
         if (dv->q_head < 0)
             dv->q_tail = -1;
@@ -456,11 +466,6 @@ static int pump(io_engine *e, int d, errbuf *err)
         drive_busy(e, dv, +1);
 #ifdef HAVE_URING
         if (e->backend == IO_URING) {
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
-            if (!sqe) {
-                if (io_uring_submit(&e->ring) < 0 || !(sqe = io_uring_get_sqe(&e->ring)))
-                    return errbuf_set(err, "io: io_uring submission queue full");
-            }
             /* registered region holding the whole piece, if any */
             uint64_t at = (uint64_t)((uintptr_t)p->buf - (uintptr_t)e->reg_base);
             int inside = e->nreg > 0 && (uintptr_t)p->buf >= (uintptr_t)e->reg_base && at + p->len <= e->reg_len;
@@ -520,7 +525,12 @@ int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint6
         dv->q_tail = id;
         dv->backlog += l;
     }
-    return pump(e, d, err);
+    /* the job is queued whole: from here on it completes through io_reap, which pumps again and
+     * reports a submission failure that lasts; failing now would tell the caller nothing was
+     * queued while its pieces may still land in buf */
+    errbuf later;
+    (void)pump(e, d, &later);
+    return 0;
 }
 
 int io_pending(const io_engine *e) { return e->jobs_live; }

@@ -83,7 +83,9 @@ uint64_t io_fixed_reads(const io_engine *e);
 /* Opens path for reading on drive d; returns a file id (>= 0) or -1. */
 int io_open(io_engine *e, const char *path, int drive, int direct, errbuf *err);
 int io_is_direct(const io_engine *e, int file);
-/* Queues a read of len bytes at off into buf; `tag` comes back from io_reap. */
+/* Queues a read of len bytes at off into buf; `tag` comes back from io_reap. -1 only when nothing
+ * was queued (a bad file id, no room for the whole read); once queued, the read completes through
+ * io_reap (which reports a lasting submission failure). */
 int io_read(io_engine *e, int file, uint64_t off, uint64_t len, void *buf, uint64_t tag, errbuf *err);
 /* Reaps one finished read: returns 1 and fills *tag (and *ok = 0 if it failed or came up
  * short), 0 if none is ready (wait = 0) or none is in flight, -1 on an engine error.

@@ -6,14 +6,15 @@
  * first: the globals (embedding, final norm, output head) always stay resident, then as many
  * layer spines as fit; the rest of the budget holds the expert cache, which keeps the most
  * often routed experts (cache.c). One exception: the expert slots a MoE pass works with (a
- * layer's experts in use and the next layer's guesses, `working`) are kept before any spine
- * when the budget allows, since with fewer every layer's experts are read one slot at a time
- * (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits,
+ * layer's experts in use and the next layer's guesses, `working`) are kept before any spine, as
+ * many of them as the budget affords, since with fewer every layer's experts are read a few
+ * slots at a time (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits,
  * the streamed layers are spread evenly over the depth, so that each one's read overlaps the
  * compute of the resident layers before it, and they share STORE_SPINE_SLOTS slots of the
  * largest streamed spine: the layer in use, and the next one loading. The plan depends on nothing
  * but the blob sizes and the budget, so the same budget gives the same plan on every run.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,14 @@ const char *store_fmt_bytes(double n, char *buf, size_t cap)
  * each of n_s equal runs) */
 static int spread(int i, int n, int n_s) { return (int)((int64_t)(i + 1) * n_s / n) > (int)((int64_t)i * n_s / n); }
 
+/* expert slots for what the budget leaves after `used` bytes (never past INT_MAX: store_open caps
+ * them at the number of experts anyway) */
+static int slots_left(uint64_t budget, uint64_t used, uint64_t X)
+{
+    uint64_t n = (budget - used) / X;
+    return n > INT_MAX ? INT_MAX : (int)n;
+}
+
 /* the plan with at least min_x expert slots, or -1 if the budget cannot hold it */
 static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int min_x, store_plan *p)
 {
@@ -44,11 +53,12 @@ static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int m
             layers += bt->b[bt->layer_blob[i]].size;
     memset(p, 0, sizeof *p);
     p->budget = budget;
+    p->working = min_x;
     p->expert_slot_bytes = blob_padded(bt->max_expert);
     uint64_t X = p->expert_slot_bytes, need_x = (uint64_t)min_x * X;
     if (!stream_all && budget >= globals + layers + need_x) { /* every spine resident */
         p->resident_bytes = globals + layers;
-        p->expert_slots = (int)((budget - p->resident_bytes) / X);
+        p->expert_slots = slots_left(budget, p->resident_bytes, X);
         return 0;
     }
     /* the fewest streamed layers (spread evenly) whose slots and the rest of the spine fit */
@@ -75,7 +85,7 @@ static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int m
                 p->streamed[i] = 1;
                 p->spine_streamed++;
             }
-        p->expert_slots = (int)((budget - kept - (uint64_t)STORE_SPINE_SLOTS * slot) / X);
+        p->expert_slots = slots_left(budget, kept + (uint64_t)STORE_SPINE_SLOTS * slot, X);
         return 0;
     }
     return -1;
@@ -85,9 +95,16 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int w
 {
     if (bt->n_layers > MODEL_MAX_LAYERS)
         return errbuf_set(err, "store plan: %d layers exceed %d", bt->n_layers, MODEL_MAX_LAYERS);
-    if (working > STORE_MIN_EXPERT_SLOTS && plan_try(bt, budget, stream_all, working, p) == 0)
-        return 0;
-    if (plan_try(bt, budget, stream_all, STORE_MIN_EXPERT_SLOTS, p) == 0)
+    int experts = 0;
+    for (int b = 0; b < bt->n; b++)
+        experts += bt->b[b].kind == BLOB_EXPERT;
+    if (working > experts) /* a working set larger than the model's experts is all of them */
+        working = experts;
+    /* the largest working set the budget affords, from 2 x top_k down to the least */
+    for (int w = working; w >= STORE_MIN_EXPERT_SLOTS; w--)
+        if (plan_try(bt, budget, stream_all, w, p) == 0)
+            return 0;
+    if (working < STORE_MIN_EXPERT_SLOTS && plan_try(bt, budget, stream_all, STORE_MIN_EXPERT_SLOTS, p) == 0)
         return 0;
     uint64_t slot = 0, globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0;
     for (int i = 0; i < bt->n_layers; i++)

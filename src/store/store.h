@@ -23,8 +23,10 @@
  * predicts experts whose reads start early, into slots not used by the current request;
  * prediction never decides anything, and a guess the layer did not ask for is a plain cached
  * expert from that layer's request on.
- * A DFSP blob is checked against its xxh3 the first time it enters a slot: a flipped byte is
- * an error naming the blob and pack, never silent garbage.
+ * Each copy of a DFSP blob is checked against its xxh3 the first time it is read into a slot: a
+ * flipped byte is an error naming the blob and the pack of the copy read, never silent garbage;
+ * with mirrors, a copy that fails is read again from another copy (and avoided from then on),
+ * counted in copy_failures so the CLI can say a copy wants repair.
  */
 #ifndef DF_STORE_STORE_H
 #define DF_STORE_STORE_H
@@ -49,13 +51,14 @@ typedef struct store_plan {
     int spine_slots;           /* slots for streamed spines (0 when none streams) */
     uint64_t spine_slot_bytes;
     int expert_slots;          /* before store_open caps it at the number of experts */
+    int working;               /* expert slots kept before any spine (<= 2 x top_k) */
     uint64_t expert_slot_bytes;
 } store_plan;
 
-/* Plans budget bytes of RAM over bt's blobs, keeping `working` expert slots before any spine when
- * the budget allows (else STORE_MIN_EXPERT_SLOTS); with stream_all, every layer's spine streams,
- * however much RAM is left (the least RAM a model runs in). An error names what the budget cannot
- * cover. */
+/* Plans budget bytes of RAM over bt's blobs, keeping up to `working` expert slots (as many as the
+ * budget affords, at least STORE_MIN_EXPERT_SLOTS) before any spine; with stream_all, every
+ * layer's spine streams, however much RAM is left (the least RAM a model runs in). An error names
+ * what the budget cannot cover. */
 int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p,
                     errbuf *err);
 
@@ -76,6 +79,8 @@ typedef struct store_stats {
     uint64_t prefetch_reads, prefetch_hits;
     uint64_t max_reads_blob_pass;     /* most reads of one blob within one pass (spines too) */
     double stall_s;                   /* time passes waited for expert reads */
+    uint64_t copy_failures;           /* reads that failed or mismatched their checksum and were read
+                                         again from another copy (mirrors): a bad copy to repair */
     /* streamed spines */
     uint64_t spine_requests, spine_hits;  /* layers taken, and how many were already in a slot */
     uint64_t spine_reads, spine_bytes_read, spine_prefetch_reads, spine_prefetch_hits;
@@ -97,6 +102,7 @@ const weight_src *store_weights(store *s);
 /* The plan the store runs (expert_slots as opened). */
 const store_plan *store_plan_get(const store *s);
 int store_slots(const store *s); /* expert slots */
+int store_pinned(const store *s); /* slots a pass holds now (0 between passes) */
 uint64_t store_slot_bytes(const store *s);
 const blob_table *store_blobs(const store *s);
 void store_stats_get(const store *s, store_stats *out);
