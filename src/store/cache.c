@@ -10,6 +10,7 @@
  * Only the engine's compute thread calls into the store.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@ struct store {
     char file_path[256][1024];
     int pack_drive[STORE_MAX_PACKS];
     int ndrives;
+    uint64_t drive_issued[IO_MAX_DRIVES]; /* bytes of blob reads sent to each drive (mirror ties) */
     store_cfg cfg;
     char heat_path[1024]; /* cfg.heat_path points here */
     /* slots: nx experts of slot_bytes, then ns spines of spine_bytes */
@@ -217,24 +219,23 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     int spine = x->kind != BLOB_EXPERT;
     uint64_t *bytes = spine ? &s->st.spine_bytes_read : &s->st.bytes_read;
     *(spine ? &s->st.spine_reads : &s->st.reads) += 1;
-    if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first; on a
-                              tie (idle drives), the drive that has read the least so far */
+    if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first; when
+                              two are expected within 1% or 50 us of each other (the estimate is no
+                              finer), the drive sent the fewest bytes so far */
         int best = -1, all_bad = s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1);
         double bt = 0;
-        uint64_t bb = 0;
         for (int c = 0; c < x->ncopies; c++) {
             if (!all_bad && (s->bad_copy[b] >> c & 1))
                 continue; /* it failed before: another copy while there is one */
             int d = s->pack_drive[x->copy[c].file];
-            double t = io_expected(s->io, d, blob_padded(x->size));
-            io_drive_stats ds;
-            io_stats(s->io, d, &ds);
-            if (best < 0 || t < bt || (t == bt && ds.bytes < bb)) {
+            double t = io_expected(s->io, d, blob_padded(x->size)), tol = 0.01 * bt > 50e-6 ? 0.01 * bt : 50e-6;
+            int tie = best >= 0 && fabs(t - bt) <= tol;
+            if (best < 0 || (tie ? s->drive_issued[d] < s->drive_issued[s->pack_drive[x->copy[best].file]] : t < bt)) {
                 bt = t;
-                bb = ds.bytes;
                 best = c;
             }
         }
+        s->drive_issued[s->pack_drive[x->copy[best].file]] += blob_padded(x->size);
         sl->reads_left = 1;
         sl->copy = best;
         *bytes += blob_padded(x->size);
@@ -306,8 +307,11 @@ static void landed(store *s, int k, int ok)
         else
             s->verified[b] |= (uint8_t)(1u << sl->copy);
     }
-    if ((sl->bad == BAD_READ || sl->bad == BAD_SUM) && sl->copy >= 0)
+    if ((sl->bad == BAD_READ || sl->bad == BAD_SUM) && sl->copy >= 0) {
         s->bad_copy[b] |= (uint8_t)(1u << sl->copy);
+        if (s->bad_copy[b] != (uint8_t)((1u << x->ncopies) - 1))
+            s->st.copy_failures++; /* another copy is left to read instead */
+    }
     for (int i = 0; i < s->n; i++)
         if (s->items_blob[i] == b && s->items_state[i] == R_LOADING)
             s->items_state[i] = R_READY;
@@ -434,8 +438,9 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
 }
 
 /* Slot k (pinned, READY) failed its read or checksum: when the blob has a copy that has not
- * failed, reads it from there into the same slot (counted in copy_failures: the run goes on with
- * the right bytes, and the CLI says a copy is bad). 1 re-read started, 0 no other copy, -1 error. */
+ * failed (landed() counted the failure in copy_failures), reads it from there into the same slot:
+ * the run goes on with the right bytes, and the CLI says a copy is bad. 1 re-read started, 0 no
+ * other copy, -1 error. */
 static int reread_other_copy(store *s, int k, errbuf *err)
 {
     slot *sl = &s->sl[k];
@@ -443,7 +448,6 @@ static int reread_other_copy(store *s, int k, errbuf *err)
     const blob *x = &s->bt.b[b];
     if (sl->bad == BAD_QUEUE || x->ncopies < 2 || s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1))
         return 0;
-    s->st.copy_failures++;
     return issue(s, k, b, s->pass, err) == 0 ? 1 : -1;
 }
 
