@@ -220,16 +220,16 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     uint64_t *bytes = spine ? &s->st.spine_bytes_read : &s->st.bytes_read;
     *(spine ? &s->st.spine_reads : &s->st.reads) += 1;
     if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first; when
-                              two are expected within 1% or 50 us of each other (the estimate is no
-                              finer), the drive sent the fewest bytes so far */
+                              two are expected within 50 us of each other (idle drives: the estimate
+                              is no finer), the drive sent the fewest bytes so far */
         int best = -1, all_bad = s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1);
         double bt = 0;
         for (int c = 0; c < x->ncopies; c++) {
             if (!all_bad && (s->bad_copy[b] >> c & 1))
                 continue; /* it failed before: another copy while there is one */
             int d = s->pack_drive[x->copy[c].file];
-            double t = io_expected(s->io, d, blob_padded(x->size)), tol = 0.01 * bt > 50e-6 ? 0.01 * bt : 50e-6;
-            int tie = best >= 0 && fabs(t - bt) <= tol;
+            double t = io_expected(s->io, d, blob_padded(x->size));
+            int tie = best >= 0 && fabs(t - bt) <= 50e-6;
             if (best < 0 || (tie ? s->drive_issued[d] < s->drive_issued[s->pack_drive[x->copy[best].file]] : t < bt)) {
                 bt = t;
                 best = c;
