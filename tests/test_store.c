@@ -582,7 +582,8 @@ TEST(store_mirror_copies_are_each_checked)
              "--emulate-drives 1000000:0,1000000:0 --prefill-chunk 1", tu_bin(), dst, test_tmpdir());
     CHECKF(tu_run(cmd, txt, sizeof txt) == 0 && strstr(txt, "warning") && strstr(txt, "doctor --model"), "%s", txt);
     snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), dst);
-    CHECKF(tu_run(cmd, txt, sizeof txt) == 1 && strstr(txt, "spine") && strstr(txt, "copy 1") && strstr(txt, "checksum"),
+    CHECKF(tu_run(cmd, txt, sizeof txt) == 1 && strstr(txt, "spine") && strstr(txt, "copy 1") &&
+               strstr(txt, "checksum"),
            "%s", txt);
 }
 
@@ -945,7 +946,8 @@ TEST(store_doctor_saves_drive_tuning)
      * reported, saved, and --stats puts decode's rate against them too */
     snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s run --model %s --tokens 3,4,5 --max-new 4 "
              "--ram-budget 10M --stats 2>&1", tu_bin(), a, tu_bin(), st);
-    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " GB/s |\n") && strstr(out, "doctor read the store's pack at"),
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " GB/s |\n") &&
+               strstr(out, "doctor read the store's pack at"),
            "%s", out);
     CHECKF(io_tune_load(&c, 0, a, &err) == 1 && c.drive_cold_gbps[0] > 0, "cold rate %g (%s)", c.drive_cold_gbps[0],
            err.msg);

@@ -8,10 +8,10 @@
  * often routed experts (cache.c). One exception: the expert slots a MoE pass works with (a
  * layer's experts in use and the next layer's guesses, `working`) are kept before any spine, as
  * many of them as the budget affords, since with fewer every layer's experts are read a few
- * slots at a time (measured: 2 slots left the drive 9 requests deep instead of ~30). When not every spine fits,
- * the streamed layers are spread evenly over the depth, so that each one's read overlaps the
- * compute of the resident layers before it, and they share STORE_SPINE_SLOTS slots of the
- * largest streamed spine: the layer in use, and the next one loading. The plan depends on nothing
+ * slots at a time (measured: 2 slots left the drive 9 requests deep instead of ~30). When not
+ * every spine fits, the streamed layers are spread evenly over the depth, so that each one's read
+ * overlaps the compute of the resident layers before it, and they share STORE_SPINE_SLOTS slots
+ * of the largest streamed spine: the layer in use, and the next one loading. The plan depends on nothing
  * but the blob sizes and the budget, so the same budget gives the same plan on every run.
  */
 #include <limits.h>
@@ -33,7 +33,10 @@ const char *store_fmt_bytes(double n, char *buf, size_t cap)
 
 /* 1 if layer i of n is one of n_s streamed layers spread evenly over the n (the last layer of
  * each of n_s equal runs) */
-static int spread(int i, int n, int n_s) { return (int)((int64_t)(i + 1) * n_s / n) > (int)((int64_t)i * n_s / n); }
+static int spread(int i, int n, int n_s)
+{
+    return (int)((int64_t)(i + 1) * n_s / n) > (int)((int64_t)i * n_s / n);
+}
 
 /* expert slots for what the budget leaves after `used` bytes (never past INT_MAX: store_open caps
  * them at the number of experts anyway) */

@@ -4,13 +4,13 @@
  * Sources: a Hugging Face folder (a blob is read tensor by tensor from the safetensors files) or
  * a DFSP store (dfsp.h: one aligned O_DIRECT read per blob, copies on several drives).
  *
- * The plan (plan.c): the RAM budget keeps the globals and as many layer spines as fit resident
- * (mapped); layers whose spine does not fit stream through two spine slots; the expert cache
- * gets the rest. A pass takes each layer's weights with weight_src.layer (the model's own for a
- * resident layer, else a copy of the layer bound to the slot its spine blob was read into) and
- * gives them back before taking the next; with prefetch on, the next streamed layer's spine is
- * read while the layers before it compute (behind the current layer's expert reads, which are
- * needed first).
+ * The plan (plan.c): the RAM budget keeps the globals resident (mapped), then the expert slots a
+ * pass works with, then as many layer spines as fit; layers whose spine does not fit stream
+ * through two spine slots; the expert cache gets the rest. A pass takes each layer's weights with
+ * weight_src.layer (the model's own for a resident layer, else a copy of the layer bound to the
+ * slot its spine blob was read into) and gives them back before taking the next; with prefetch
+ * on, the next streamed layer's spine is read while the layers before it compute (behind the
+ * current layer's expert reads, which are needed first).
  *
  * The expert cache: fixed slots of the largest expert's size, carved from one allocation at open
  * (with the spine slots after them).
@@ -65,7 +65,7 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int w
 typedef struct store_cfg {
     uint64_t ram_budget; /* bytes for weights: resident spine, spine slots and the expert cache */
     int prefetch;        /* router lookahead reads, and streamed spines read ahead */
-    int spine_stream_all; /* every layer's spine streams, whatever the budget leaves (store_plan_make) */
+    int spine_stream_all; /* every layer's spine streams, whatever the budget (store_plan_make) */
     int verify;          /* xxh3 of DFSP blobs on first load */
     io_cfg io;
     const char *heat_path; /* routing counts kept across runs (NULL: none) */
