@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/jsonr.h"
 #include "store/dfsp.h"
 #include "store/store.h"
 #include "test.h"
@@ -951,4 +952,13 @@ TEST(store_doctor_saves_drive_tuning)
            "%s", out);
     CHECKF(io_tune_load(&c, 0, a, &err) == 1 && c.drive_cold_gbps[0] > 0, "cold rate %g (%s)", c.drive_cold_gbps[0],
            err.msg);
+    /* the tuning was picked from the pack's grid: its own rate is within 5% of that grid's best */
+    char tfa[4300];
+    snprintf(tfa, sizeof tfa, "%s/%s", a, IO_TUNE_FILE);
+    json_t *j = jsonr_load_file(tfa, &err);
+    double g = 0;
+    CHECKF(j && jsonr_num(j, "gbps", &g, 0, tfa, &err) == 0, "%s", err.msg);
+    json_decref(j);
+    CHECKF(g >= 0.95 * c.drive_cold_gbps[0] - 1e-3 && g <= c.drive_cold_gbps[0] + 1e-3,
+           "tuning's rate %.3f against the pack grid's best %.3f", g, c.drive_cold_gbps[0]);
 }

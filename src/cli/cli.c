@@ -312,6 +312,21 @@ void cli_engine_attach(cli_engine *e, struct session *s)
     session_set_weights(s, e->store ? store_weights(e->store) : NULL);
 }
 
+/* " (Q of doctor's D GB/s) (P of the C GB/s doctor read the store's pack at)": drive d's read rate
+ * against the drive's measured bests (the issue's ratio), each part when doctor measured it */
+static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, size_t cap)
+{
+    double doc = io_drive_best_gbps(io, d), cold = io_drive_cold_gbps(io, d);
+    int n = 0;
+    buf[0] = 0;
+    if (doc > 0)
+        n = snprintf(buf, cap, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
+    if (cold > 0 && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " (%.2f of the %.2f GB/s doctor read the store's pack at)", gbps / cold,
+                 cold);
+    return buf;
+}
+
 void cli_engine_stats(cli_engine *e, int tokens, double seconds)
 {
     if (!e->store) {
@@ -352,10 +367,9 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     for (int d = 0; d < store_ndrives(e->store); d++) {
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);
-        double run_gbps = seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0, doc = io_drive_best_gbps(store_io(e->store), d);
-        char vs[96] = "";
-        if (doc > 0) /* the ratio: the read rate over the run against the drive's measured best */
-            snprintf(vs, sizeof vs, " (%.2f of doctor's %.2f GB/s)", run_gbps / doc, doc);
+        double run_gbps = seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0;
+        char vs[200];
+        drive_ratios(store_io(e->store), d, run_gbps, vs, sizeof vs);
         fprintf(stderr,
                 "[stats] drive %d (%s, depth %d x %s requests): %s in %llu reads, %.2f GB/s while busy, "
                 "%.2f GB/s over the run%s, %.1f requests in flight on average while busy, "
@@ -402,13 +416,9 @@ void cli_engine_stats_decode(cli_engine *e, int tokens)
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);
         double gbps = dt > 0 ? (double)(ds.bytes - e->mark_drive[d]) / 1e9 / dt : 0.0;
-        double doc = io_drive_best_gbps(store_io(e->store), d), cold = io_drive_cold_gbps(store_io(e->store), d);
-        char vs[96] = "", vc[96] = "";
-        if (doc > 0)
-            snprintf(vs, sizeof vs, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
-        if (cold > 0)
-            snprintf(vc, sizeof vc, " (%.2f of the %.2f GB/s doctor read the store's pack at)", gbps / cold, cold);
-        fprintf(stderr, "[stats] decode: drive %d read %.2f GB/s%s%s\n", d, gbps, vs, vc);
+        char vs[200];
+        fprintf(stderr, "[stats] decode: drive %d read %.2f GB/s%s\n", d, gbps,
+                drive_ratios(store_io(e->store), d, gbps, vs, sizeof vs));
     }
 }
 

@@ -37,8 +37,7 @@ typedef struct slot {
                         folder */
     uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
-    int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess;
-                        for a spine slot, the layer it holds */
+    int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess */
     uint64_t stamp;  /* last use */
 } slot;
 
@@ -66,7 +65,8 @@ struct store {
                            any of them may be the one read) */
     uint8_t *bad_copy;  /* [nblobs] bit c: a read of copy c failed or mismatched: reads avoid it */
     uint32_t *heat;  /* [nblobs] routing counts */
-    layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot when a pass takes it */
+    layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot's image */
+    int *spine_bound;  /* [ns] the blob spine_L[k - nx] is bound to (-1: none yet): bound once a load */
     int spine_pf_after; /* a layer whose next streamed spines are still to be read ahead, or -1 */
     uint64_t clock;
     char io_note[300];  /* how reads are done (store_io_note) */
@@ -107,6 +107,12 @@ uint64_t store_physical_ram(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+/* every copy of blob b has failed a read or its checksum */
+static int all_copies_bad(const store *s, int b)
+{
+    return s->bad_copy[b] == (uint8_t)((1u << s->bt.b[b].ncopies) - 1);
 }
 
 static uint8_t *slot_mem(const store *s, int k)
@@ -222,7 +228,7 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     if (x->ncopies > 0) { /* DFSP: one read of the whole image, from the copy expected first; when
                               two are expected within 50 us of each other (idle drives: the estimate
                               is no finer), the drive sent the fewest bytes so far */
-        int best = -1, all_bad = s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1);
+        int best = -1, all_bad = all_copies_bad(s, b);
         double bt = 0;
         for (int c = 0; c < x->ncopies; c++) {
             if (!all_bad && (s->bad_copy[b] >> c & 1))
@@ -309,7 +315,7 @@ static void landed(store *s, int k, int ok)
     }
     if ((sl->bad == BAD_READ || sl->bad == BAD_SUM) && sl->copy >= 0) {
         s->bad_copy[b] |= (uint8_t)(1u << sl->copy);
-        if (s->bad_copy[b] != (uint8_t)((1u << x->ncopies) - 1))
+        if (!all_copies_bad(s, b))
             s->st.copy_failures++; /* another copy is left to read instead */
     }
     for (int i = 0; i < s->n; i++)
@@ -446,7 +452,7 @@ static int reread_other_copy(store *s, int k, errbuf *err)
     slot *sl = &s->sl[k];
     int b = sl->blob;
     const blob *x = &s->bt.b[b];
-    if (sl->bad == BAD_QUEUE || x->ncopies < 2 || s->bad_copy[b] == (uint8_t)((1u << x->ncopies) - 1))
+    if (sl->bad == BAD_QUEUE || x->ncopies < 2 || all_copies_bad(s, b))
         return 0;
     return issue(s, k, b, s->pass, err) == 0 ? 1 : -1;
 }
@@ -561,7 +567,6 @@ static void spine_read_ahead(store *s)
         if (v < 0 || issue(s, v, b, j > at ? s->pass : s->pass + 1, &err) != 0)
             return;
         s->sl[v].prefetched = 1;
-        s->sl[v].pf_layer = j;
         s->st.spine_prefetch_reads++;
     }
 }
@@ -590,7 +595,6 @@ static int spine_take(store *s, int layer, int b, int *k, errbuf *err)
     }
     slot *sl = &s->sl[*k];
     sl->prefetched = 0;
-    sl->pf_layer = layer;
     sl->pins++;
     for (;;) {
         while (sl->state == S_LOADING) {
@@ -645,7 +649,10 @@ static int xs_layer(void *ctx, int layer, const layer_w **out, errbuf *err)
         return -1;
     }
     layer_w *L = &s->spine_L[k - s->nx];
-    blob_bind_layer(&s->bt, s->m, b, slot_mem(s, k), L); /* checked for every streamed layer at open */
+    if (s->spine_bound[k - s->nx] != b) { /* a new load: bind once, not every pass the slot keeps it */
+        blob_bind_layer(&s->bt, s->m, b, slot_mem(s, k), L); /* checked for every streamed layer at open */
+        s->spine_bound[k - s->nx] = b;
+    }
     *out = L;
     s->spine_pf_after = layer;
     if (s->m->hp.ffn_kind[layer] != FFN_MOE) /* no expert reads to let go first */
@@ -774,6 +781,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     int nb = s->bt.n, ne = m->hp.n_experts > 0 ? m->hp.n_experts : 1;
     s->sl = calloc((size_t)s->nslots, sizeof *s->sl);
     s->spine_L = calloc((size_t)(s->ns ? s->ns : 1), sizeof *s->spine_L);
+    s->spine_bound = malloc(sizeof(int) * (size_t)(s->ns ? s->ns : 1));
     s->blob_slot = malloc(sizeof(int) * (size_t)nb);
     s->verified = calloc((size_t)nb, 1);
     s->bad_copy = calloc((size_t)nb, 1);
@@ -795,7 +803,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         memset(mem, 0, s->mem_bytes);
         s->mem = mem;
     }
-    if (!s->sl || !s->spine_L || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->read_pass ||
+    if (!s->sl || !s->spine_L || !s->spine_bound || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->read_pass ||
         !s->reads_in_pass || !s->ids || !s->items_blob || !s->items_state || !s->mem) {
         store_free(s);
         return errbuf_set(err, "store: out of memory for %d expert and %d spine slots", s->nx, s->ns);
@@ -806,6 +814,8 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
             return errbuf_set(err, "%s: layer %d has a matrix outside its own tensors; its spine cannot stream",
                               m->dir, i);
         }
+    for (int k = 0; k < s->ns; k++)
+        s->spine_bound[k] = -1;
     for (int b = 0; b < nb; b++)
         s->blob_slot[b] = -1;
     for (int k = 0; k < s->nslots; k++)
@@ -880,6 +890,7 @@ void store_free(store *s)
         munmap(s->mem, s->mem_bytes);
     free(s->sl);
     free(s->spine_L);
+    free(s->spine_bound);
     free(s->blob_slot);
     free(s->verified);
     free(s->bad_copy);
