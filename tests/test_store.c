@@ -663,8 +663,7 @@ TEST(store_doctor_checks_mirrors)
  * they were for (a wrong guess is never credited to a later pass), fewer experts are read on
  * demand, and the generated ids are those without lookahead. Counts, not timing. */
 static void lookahead_run(const char *store_dir, const char *pf, char *ids, size_t cap, unsigned long long *reads,
-                          unsigned long long *used, unsigned long long *early, unsigned long long *early_used,
-                          unsigned long long *demand)
+                          unsigned long long *used, unsigned long long *demand)
 {
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd,
@@ -673,10 +672,8 @@ static void lookahead_run(const char *store_dir, const char *pf, char *ids, size
              tu_bin(), store_dir, pf);
     CHECKF(tu_run(cmd, out, sizeof out) == 0, "%s", out);
     const char *p = strstr(out, "[stats] prefetch: ");
-    CHECKF(p && sscanf(p,
-                       "[stats] prefetch: %llu reads, %llu of them used by the layer they were for (early guess: "
-                       "%llu, %llu used); %llu",
-                       reads, used, early, early_used, demand) == 5,
+    CHECKF(p && sscanf(p, "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu", reads,
+                       used, demand) == 3,
            "%s", out);
     snprintf(ids, cap, "%.*s", (int)strcspn(out, "\n"), out);
 }
@@ -691,14 +688,11 @@ TEST(store_lookahead_guesses_are_used)
     blob_table_free(&bt);
     model_free(&dm);
     char ids_off[4096], ids_on[4096];
-    unsigned long long r0, u0, e0, eu0, d0, r1, u1, e1, eu1, d1;
-    lookahead_run(dst, "off", ids_off, sizeof ids_off, &r0, &u0, &e0, &eu0, &d0);
-    lookahead_run(dst, "on", ids_on, sizeof ids_on, &r1, &u1, &e1, &eu1, &d1);
+    unsigned long long r0, u0, d0, r1, u1, d1;
+    lookahead_run(dst, "off", ids_off, sizeof ids_off, &r0, &u0, &d0);
+    lookahead_run(dst, "on", ids_on, sizeof ids_on, &r1, &u1, &d1);
     CHECKF(strcmp(ids_off, ids_on) == 0, "ids differ: %s vs %s", ids_off, ids_on);
     CHECKF(r0 == 0 && r1 > 0 && u1 * 4 >= r1 * 3, "lookahead: %llu guesses read, %llu used", r1, u1);
-    /* the early guess (decode steps) is part of the lookahead's reads and credits */
-    CHECKF(e0 == 0 && e1 > 0 && e1 <= r1 && eu1 <= u1 && eu1 * 4 >= e1 * 3, "early guess: %llu read, %llu used", e1,
-           eu1);
     CHECKF(d1 < d0, "lookahead did not lower the reads on demand (%llu vs %llu without)", d1, d0);
 }
 
@@ -745,54 +739,6 @@ TEST(store_guesses_are_credited_to_their_layer)
            (unsigned long long)ss.prefetch_reads, (unsigned long long)ss.prefetch_hits);
     CHECKF(ss.reads == 3 && ss.requests == 3, "%llu reads for %llu requests (want 3, 3)", (unsigned long long)ss.reads,
            (unsigned long long)ss.requests);
-}
-
-/* The early guess through the weight source: prefetch_later starts nothing until the next
- * request (of the layer before) has queued its own misses; its read is credited to the layer it
- * was for; a guess still held when a pass begins is dropped; a streamed layer is never ready. */
-TEST(store_early_guess_waits_for_the_layer)
-{
-    errbuf err;
-    model m;
-    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
-    int l = 0;
-    while (l + 1 < m.hp.n_layers && !(m.hp.ffn_kind[l] == FFN_MOE && m.hp.ffn_kind[l + 1] == FFN_MOE))
-        l++;
-    CHECK(l + 1 < m.hp.n_layers);
-    store *st = open_store(&m, NULL, NULL, 4 * m.hp.top_k, 1, NULL, &err); /* the spine resident */
-    CHECKF(st, "%s", err.msg);
-    const weight_src *xs = store_weights(st);
-    CHECK(xs->prefetch_later && xs->layer_ready && xs->layer_ready(xs->ctx, l + 1) == &m.L[l + 1]);
-    int guess = 3, miss = 1, stale = 6;
-    store_stats ss;
-    xs->pass_begin(xs->ctx, 1);
-    xs->prefetch_later(xs->ctx, l + 1, &guess, 1);
-    store_stats_get(st, &ss);
-    CHECKF(ss.reads == 0, "the early guess was read before the layer's request (%llu reads)",
-           (unsigned long long)ss.reads);
-    request_one(xs, l, miss);
-    store_stats_get(st, &ss);
-    CHECKF(ss.reads == 2 && ss.early_reads == 1 && ss.prefetch_reads == 1,
-           "after the request: %llu reads, %llu early (want 2, 1)", (unsigned long long)ss.reads,
-           (unsigned long long)ss.early_reads);
-    request_one(xs, l + 1, guess);
-    store_stats_get(st, &ss);
-    CHECKF(ss.reads == 2 && ss.early_hits == 1 && ss.prefetch_hits == 1, "%llu reads, %llu early guesses credited",
-           (unsigned long long)ss.reads, (unsigned long long)ss.early_hits);
-    xs->prefetch_later(xs->ctx, l + 1, &stale, 1);
-    xs->pass_begin(xs->ctx, 1);
-    request_one(xs, l, miss); /* cached: no read, and the stale guess is not read either */
-    store_stats_get(st, &ss);
-    CHECKF(ss.reads == 2 && ss.early_reads == 1, "a guess held over a pass's start was read (%llu reads)",
-           (unsigned long long)ss.reads);
-    store_free(st);
-    st = open_store(&m, NULL, NULL, LEAST, 1, NULL, &err); /* every spine streamed */
-    CHECKF(st, "%s", err.msg);
-    xs = store_weights(st);
-    for (int i = 0; i < m.hp.n_layers; i++)
-        CHECKF(xs->layer_ready(xs->ctx, i) == NULL, "streamed layer %d reported ready", i);
-    store_free(st);
-    model_free(&m);
 }
 
 TEST(store_truncated_pack)

@@ -357,14 +357,13 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     fprintf(stderr,
             "[stats] experts: %s read per token, hit rate %.1f%% (%llu/%llu), read amplification "
             "%.3f, stalled on I/O %.3f s, at most %llu read(s) of one blob per pass\n"
-            "[stats] prefetch: %llu reads, %llu of them used by the layer they were for (early guess: %llu, "
-            "%llu used); %llu reads on demand\n",
+            "[stats] prefetch: %llu reads, %llu of them used by the layer they were for; %llu reads on "
+            "demand\n",
             store_fmt_bytes(st.bytes_read / tok, h4, 32),
             st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0, (unsigned long long)st.hits,
             (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
             st.stall_s, (unsigned long long)st.max_reads_blob_pass, (unsigned long long)st.prefetch_reads,
-            (unsigned long long)st.prefetch_hits, (unsigned long long)st.early_reads,
-            (unsigned long long)st.early_hits, (unsigned long long)(st.reads - st.prefetch_reads));
+            (unsigned long long)st.prefetch_hits, (unsigned long long)(st.reads - st.prefetch_reads));
     for (int d = 0; d < store_ndrives(e->store); d++) {
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);

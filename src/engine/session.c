@@ -242,32 +242,6 @@ static void guess_next(const blk *b, int i, const layer_w *L, const float *in, i
     blk_moe_guess(b, i, &L->moe, x, T);
 }
 
-/* The early guess (decode only): in a decode step a layer's few expert reads are in flight
- * together and land together, so the drive idled while they computed, until layer i+1's
- * lookahead (guess_next) sent the next reads: 11% of decode on the 12 GB k3-mini with the spine
- * resident ("while busy" against "over the run" in --stats). Before layer i's FFN, layer i+1's
- * router is applied to the residual stream as it is then, one sublayer earlier than guess_next,
- * and the experts it weighs most are read once layer i's own reads are queued (prefetch_later),
- * in that idle time. Those are the guesses of that earlier input that come true most often; the
- * drive can read about as many while a layer's experts compute. Layer i+1's weights must be
- * resident: waiting for a streamed spine here would stall. `in` is layer i+1's FFN input less
- * layer i's FFN; `x` is scratch. */
-enum { GUESS_EARLY_DIV = 4 }; /* top_k / 4 experts: 4 of K3's 16 */
-
-static const layer_w *early_layer(const blk *b, int i, int T)
-{
-    if (T != 1 || !guess_wanted(b, i) || !b->xs->prefetch_later || !b->xs->layer_ready)
-        return NULL;
-    return b->xs->layer_ready(b->xs->ctx, i);
-}
-
-static void guess_early(const blk *b, int i, const layer_w *N, const float *in, int T, float *x)
-{
-    int n = b->hp->top_k / GUESS_EARLY_DIV;
-    blk_rmsnorm(b, in, N->post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
-    blk_moe_guess_early(b, i, &N->moe, x, T, n > 0 ? n : 1);
-}
-
 /* Layer i's weights for this pass: the model's own, or the weight source's (a streamed spine). */
 static int layer_get(const blk *b, int i, const layer_w **L)
 {
@@ -343,11 +317,6 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
             else
                 for (size_t j = 0; j < TH; j++)
                     prefix[j] += a[j];
-            const layer_w *N = early_layer(&b, i + 1, T);
-            if (N) { /* a is free until the FFN's output */
-                mix_rows(&b, stack, ns, prefix, N->res_u[1], T, a);
-                guess_early(&b, i + 1, N, a, T, a);
-            }
             mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
             blk_rmsnorm(&b, mixed, L->post_norm, T, H, hp->rms_eps, x);
             if (run_ffn(&b, i, L, x, T, a))
@@ -373,9 +342,6 @@ int session_forward(session *s, const int32_t *tokens, int T, float *logits, int
                 goto out;
             for (size_t j = 0; j < TH; j++)
                 h[j] += a[j];
-            const layer_w *N = early_layer(&b, i + 1, T);
-            if (N) /* a is free until the FFN's output */
-                guess_early(&b, i + 1, N, h, T, a);
             blk_rmsnorm(&b, h, L->post_norm, T, H, hp->rms_eps, x);
             if (run_ffn(&b, i, L, x, T, a))
                 goto out;

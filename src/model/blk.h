@@ -54,12 +54,6 @@ typedef struct weight_src {
     void (*prefetch)(void *ctx, int layer, const int *ids, int n);
     /* optional: a new pass begins (for per-pass statistics) */
     void (*pass_begin)(void *ctx, int tokens);
-    /* optional, with prefetch: like prefetch, but the reads start once the next begin() has
-     * queued its own (a weaker guess, made before the current layer's experts are known, whose
-     * reads must not go ahead of that layer's) */
-    void (*prefetch_later)(void *ctx, int layer, const int *ids, int n);
-    /* optional: layer `layer`'s weights if they are at hand without a read (resident), else NULL */
-    const layer_w *(*layer_ready)(void *ctx, int layer);
 } weight_src;
 
 typedef struct blk {
@@ -101,8 +95,5 @@ int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, floa
 /* Router lookahead: prefetches (b->xs) the experts `layer`'s router (in w) picks for x [T][hidden];
  * a hint that changes no result. No-op without a weight source with prefetch, or for a dense layer. */
 void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int T);
-/* The early guess: the `n` experts with the largest routing weights at each of the T positions,
- * through prefetch_later (no-op without it). */
-void blk_moe_guess_early(const blk *b, int layer, const moe_w *w, const float *x, int T, int n);
 
 #endif

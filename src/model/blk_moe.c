@@ -95,49 +95,23 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
 /* Router lookahead: starts the reads of the experts layer `layer` would pick for x (a stand-in for
  * its FFN input, which does not exist yet); only a hint, nothing is decided by it. Scratch from
  * the arena, given back. */
-/* The router's choices for x [T][hidden] handed to `hint`: all top_k of them, or (n < top_k)
- * the n with the largest routing weights, at each position. */
-static void guess(const blk *b, int layer, const moe_w *w, const float *x, int T, int n,
-                  void (*hint)(void *ctx, int layer, const int *ids, int n))
+void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int T)
 {
     const hparams *hp = b->hp;
-    int K = hp->top_k;
-    if (!hint || layer >= hp->n_layers || hp->ffn_kind[layer] != FFN_MOE)
+    if (!b->xs || !b->xs->prefetch || layer >= hp->n_layers || hp->ffn_kind[layer] != FFN_MOE)
         return;
     size_t mark = arena_mark(b->ar);
-    int *sel = (int *)blk_alloc(b, (size_t)K);
-    float *wt = blk_alloc(b, (size_t)K), *logit = blk_alloc(b, (size_t)T * hp->n_experts),
+    int *sel = (int *)blk_alloc(b, (size_t)hp->top_k);
+    float *wt = blk_alloc(b, (size_t)hp->top_k), *logit = blk_alloc(b, (size_t)T * hp->n_experts),
           *tmp = blk_alloc(b, 2 * (size_t)hp->n_experts);
     if (sel && wt && logit && tmp) { /* else: a hint only */
         blk_matmul(b, &w->router, x, T, logit);
         for (int t = 0; t < T; t++) {
             route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
-            for (int j = 0; j < n && n < K; j++) { /* selection sort of the n heaviest to the front */
-                int best = j;
-                for (int q = j + 1; q < K; q++)
-                    if (wt[q] > wt[best])
-                        best = q;
-                int si = sel[j];
-                float sw = wt[j];
-                sel[j] = sel[best], wt[j] = wt[best];
-                sel[best] = si, wt[best] = sw;
-            }
-            hint(b->xs->ctx, layer, sel, n < K ? n : K);
+            b->xs->prefetch(b->xs->ctx, layer, sel, hp->top_k);
         }
     }
     arena_rewind(b->ar, mark);
-}
-
-void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int T)
-{
-    if (b->xs)
-        guess(b, layer, w, x, T, b->hp->top_k, b->xs->prefetch);
-}
-
-void blk_moe_guess_early(const blk *b, int layer, const moe_w *w, const float *x, int T, int n)
-{
-    if (b->xs && b->xs->prefetch)
-        guess(b, layer, w, x, T, n, b->xs->prefetch_later);
 }
 
 int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out)

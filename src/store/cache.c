@@ -38,7 +38,6 @@ typedef struct slot {
     uint64_t got;    /* the checksum computed, when BAD_SUM */
     int prefetched;  /* loaded by prefetch and not yet requested */
     int pf_layer;    /* the layer it was guessed for: after that layer's request, a wrong guess */
-    int early;       /* prefetched by the early guess (prefetch_later) */
     uint64_t stamp;  /* last use */
 } slot;
 
@@ -69,8 +68,6 @@ struct store {
     layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot's image */
     int *spine_bound;  /* [ns] the blob spine_L[k - nx] is bound to (-1: none yet): bound once a load */
     int spine_pf_after; /* a layer whose next streamed spines are still to be read ahead, or -1 */
-    /* prefetch_later's guesses, read once the next request has queued its misses */
-    int later_layer, later_n, later_ids[STORE_LATER_MAX];
     uint64_t clock;
     char io_note[300];  /* how reads are done (store_io_note) */
     /* the current request */
@@ -187,7 +184,6 @@ static void slot_drop(store *s, int k)
     sl->state = S_EMPTY;
     sl->bad = 0;
     sl->prefetched = 0;
-    sl->early = 0;
 }
 
 /* issue() failed after `submitted` of its reads went out: with none out the slot empties; else
@@ -215,7 +211,6 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     sl->state = S_LOADING;
     sl->bad = 0;
     sl->prefetched = 0;
-    sl->early = 0;
     s->blob_slot[b] = k;
     uint8_t *dst = slot_mem(s, k);
     if (s->read_pass[b] == for_pass) {
@@ -370,7 +365,6 @@ static void request_abandon(store *s)
 {
     request_close(s);
     s->spine_pf_after = -1;
-    s->later_n = 0;
     errbuf ignored;
     while (io_pending(s->io) > 0 && reap(s, 1, &ignored) == 1) {
     }
@@ -423,7 +417,6 @@ static int begin_request(store *s, int layer, const int *ids, int n, errbuf *err
             sl->pins++;
             if (sl->prefetched) { /* its read was needed after all */
                 s->st.prefetch_hits++;
-                s->st.early_hits += (uint64_t)sl->early;
                 s->st.bytes_needed += s->bt.b[b].size;
                 sl->prefetched = 0;
             }
@@ -682,39 +675,15 @@ static void xs_layer_release(void *ctx, int layer)
 
 /* Any failure ends the request: see request_abandon. Once the misses are queued, the next streamed
  * spines may be read ahead behind them. */
-static void prefetch_ids(store *s, int layer, const int *ids, int n, int early);
-
 static int xs_begin(void *ctx, int layer, const int *ids, int n, errbuf *err)
 {
     store *s = ctx;
     if (begin_request(s, layer, ids, n, err) == 0) {
-        spine_read_ahead(s); /* a streamed spine will be needed; a guess may not be */
-        if (s->later_n > 0) {
-            int k = s->later_n;
-            s->later_n = 0;
-            prefetch_ids(s, s->later_layer, s->later_ids, k, 1);
-        }
+        spine_read_ahead(s);
         return 0;
     }
     request_abandon(s);
     return -1;
-}
-
-static void xs_prefetch_later(void *ctx, int layer, const int *ids, int n)
-{
-    store *s = ctx;
-    if (s->later_n > 0 && s->later_layer != layer)
-        s->later_n = 0; /* a guess for another layer is stale */
-    s->later_layer = layer;
-    for (int i = 0; i < n && s->later_n < STORE_LATER_MAX; i++)
-        s->later_ids[s->later_n++] = ids[i];
-}
-
-/* a resident layer's own weights; NULL for a streamed one (its spine may not be in a slot) */
-static const layer_w *xs_layer_ready(void *ctx, int layer)
-{
-    store *s = ctx;
-    return s->ns == 0 || !s->plan.streamed[layer] ? &s->m->L[layer] : NULL;
 }
 
 static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
@@ -737,8 +706,9 @@ static void xs_release(void *ctx, int layer, int id)
     }
 }
 
-static void prefetch_ids(store *s, int layer, const int *ids, int n, int early)
+static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
 {
+    store *s = ctx;
     errbuf err;
     for (int i = 0; i < n; i++) {
         int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
@@ -755,20 +725,15 @@ static void prefetch_ids(store *s, int layer, const int *ids, int n, int early)
             return; /* a hint: the demand path will report real errors */
         s->sl[v].prefetched = 1;
         s->sl[v].pf_layer = layer;
-        s->sl[v].early = early;
         s->st.prefetch_reads++;
-        s->st.early_reads += (uint64_t)early;
     }
     while (reap(s, 0, &err) == 1) { /* collect what already landed */
     }
 }
 
-static void xs_prefetch(void *ctx, int layer, const int *ids, int n) { prefetch_ids(ctx, layer, ids, n, 0); }
-
 static void xs_pass_begin(void *ctx, int tokens)
 {
     store *s = ctx;
-    s->later_n = 0;
     s->pass++;
     s->st.passes++;
     s->st.tokens += (uint64_t)tokens;
@@ -904,16 +869,8 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
             return -1;
         }
     }
-    s->xs = (weight_src){s,
-                         xs_layer,
-                         xs_layer_release,
-                         xs_begin,
-                         xs_next,
-                         xs_release,
-                         cfg->prefetch ? xs_prefetch : NULL,
-                         xs_pass_begin,
-                         cfg->prefetch ? xs_prefetch_later : NULL,
-                         xs_layer_ready};
+    s->xs = (weight_src){s,       xs_layer,   xs_layer_release, xs_begin, xs_next, xs_release,
+                         cfg->prefetch ? xs_prefetch : NULL, xs_pass_begin};
     *out = s;
     return 0;
 }

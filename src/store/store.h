@@ -41,7 +41,6 @@
 #include "store/io.h"
 
 enum { STORE_SPINE_SLOTS = 2, STORE_MIN_EXPERT_SLOTS = 2 };
-enum { STORE_LATER_MAX = 64 }; /* prefetch_later's guesses held for one layer */
 
 /* What a RAM budget keeps resident and what streams (store_plan_make). */
 typedef struct store_plan {
@@ -78,7 +77,6 @@ typedef struct store_stats {
     uint64_t reads, bytes_read;       /* every read, prefetch included */
     uint64_t bytes_needed;            /* images of the blobs passes missed or used from prefetch */
     uint64_t prefetch_reads, prefetch_hits;
-    uint64_t early_reads, early_hits;  /* of those, the early guess's (prefetch_later) */
     uint64_t max_reads_blob_pass;     /* most reads of one blob within one pass (spines too) */
     double stall_s;                   /* time passes waited for expert reads */
     uint64_t copy_failures;           /* reads that failed or mismatched their checksum and were read
