@@ -316,9 +316,13 @@ void cli_engine_attach(cli_engine *e, struct session *s)
  * against the drive's measured bests (the issue's ratio), each part when doctor measured it */
 static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, size_t cap)
 {
-    double doc = io_drive_best_gbps(io, d), cold = io_drive_cold_gbps(io, d);
+    double doc = io_drive_best_gbps(io, d), cold = io_drive_cold_gbps(io, d), emu = io_drive_emulated_gbps(io, d);
     int n = 0;
     buf[0] = 0;
+    if (emu > 0) { /* the emulation sets the pace: doctor's figures are the real disk's under it */
+        snprintf(buf, cap, " (%.2f of its emulated %.2f GB/s)", gbps / emu, emu);
+        return buf;
+    }
     if (doc > 0)
         n = snprintf(buf, cap, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
     if (cold > 0 && n >= 0 && (size_t)n < cap)

@@ -226,6 +226,7 @@ int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps
 int io_drive_depth(const io_engine *e, int d) { return e->cfg.drive_depth[d]; }
 double io_drive_best_gbps(const io_engine *e, int d) { return e->cfg.drive_best_gbps[d]; }
 double io_drive_cold_gbps(const io_engine *e, int d) { return e->cfg.drive_cold_gbps[d]; }
+double io_drive_emulated_gbps(const io_engine *e, int d) { return e->cfg.emu_mbps[d] / 1000.0; }
 uint64_t io_drive_chunk(const io_engine *e, int d) { return e->cfg.drive_chunk[d]; }
 int io_total_depth(const io_engine *e)
 {

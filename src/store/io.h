@@ -99,6 +99,8 @@ int io_drive_depth(const io_engine *e, int d);
 double io_drive_best_gbps(const io_engine *e, int d);
 /* doctor's rate of random reads of a store's pack on drive d (GB/s), 0 if not measured */
 double io_drive_cold_gbps(const io_engine *e, int d);
+/* drive d's emulated speed (--emulate-drives), GB/s; 0 when it is not emulated */
+double io_drive_emulated_gbps(const io_engine *e, int d);
 uint64_t io_drive_chunk(const io_engine *e, int d);
 int io_total_depth(const io_engine *e);
 /* When a read of len bytes queued now on drive d would be expected to finish (seconds from now),
