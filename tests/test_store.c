@@ -828,6 +828,9 @@ TEST(store_cli_options)
              tu_bin(), dst);
     CHECK(tu_run(cmd, streamed, sizeof streamed) == 0);
     CHECKF(strstr(streamed, "[stats] store: DFSP") && strstr(streamed, "drive 1 (pread, depth "), "%s", streamed);
+    /* an emulated drive's rates are against its emulated speed */
+    CHECKF(strstr(streamed, " of its emulated 0.50 GB/s)") && strstr(streamed, " of its emulated 0.30 GB/s)"), "%s",
+           streamed);
     /* the routing counts are kept for the next run's eviction: a count per blob */
     char heat[4200];
     snprintf(heat, sizeof heat, "%s/heat.bin", dst);
