@@ -2,11 +2,13 @@
  * MXFP4 at the shapes that matter (4096 x 14336 both ways; K3's expert 3072 x 3584 and
  * 3584 x 3072), on 1 and 2 threads: GB/s of weights streamed, GFLOPS, and the ratio to the read
  * bandwidth this same program measures (the better of a plain and a paged, prefetching streaming
- * read of a buffer far larger than the caches, see read_range). The GEMVs of a round read every matrix of a rotating set larger than the caches once,
- * so the weights come from DRAM as in real decode; rounds alternate with a round of the read
- * measurement, and both figures are medians over the rounds (see bench_shape).
+ * read of a buffer far larger than the caches, see read_range). The GEMVs of a round read every
+ * matrix of a rotating set larger than the caches once, so the weights come from DRAM as in real
+ * decode; rounds alternate with a round of the read measurement, and both figures are medians
+ * over the rounds (see bench_shape).
  *
- * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS] [--set-mib N]
+ * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS]
+ * (--shape: any shape, columns a multiple of 32)
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
 #include <immintrin.h>
@@ -19,10 +21,7 @@
 #include "base/timer.h"
 #include "kernels/kern.h"
 
-/* 1 GiB: the read buffer, and by default the distinct matrices per shape (far beyond any cache;
- * --set-mib 0 keeps one matrix, which then runs from the last-level cache when it fits there, as in
- * a harness that times one matrix over and over, such as ggml's test-backend-ops perf) */
-enum { SET_BYTES = 1 << 30 };
+enum { SET_BYTES = 1 << 30 }; /* 1 GiB of distinct matrices per shape: far beyond any cache */
 
 /* Page-aligned, as the store's blobs are (4 KiB-aligned in DFSP), so that the kernels' per-page
  * passes (kern_matmul.inc) line up with pages here as they do there. */
@@ -140,10 +139,10 @@ static double median(double *v, int n)
 enum { MAX_ROUNDS = 64 };
 
 static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt, int rows, int cols,
-                        double seconds, size_t set_bytes)
+                        double seconds)
 {
     size_t bytes = wfmt_data_bytes(fmt, rows, cols) + wfmt_scale_bytes(fmt, rows, cols);
-    int nm = (int)(set_bytes / bytes) + 1;
+    int nm = (int)(SET_BYTES / bytes) + 1;
     rng r;
     rng_seed(&r, 42);
     kmat *m = calloc((size_t)nm, sizeof *m);
@@ -191,19 +190,16 @@ int main(int argc, char **argv)
     const char *kname = NULL;
     double seconds = 2.0;
     int only_r = 0, only_c = 0;
-    size_t set_bytes = SET_BYTES;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
             kname = argv[++i];
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--set-mib") && i + 1 < argc)
-            set_bytes = (size_t)atol(argv[++i]) << 20;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &only_r, &only_c) == 2 &&
                  only_r > 0 && only_c > 0 && only_c % 32 == 0)
             i++;
         else {
-            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--set-mib N]\n");
+            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS]\n");
             return 2;
         }
     }
@@ -234,10 +230,10 @@ int main(int argc, char **argv)
         printf("|--------|---------------|---|-----|----------|-------|---------|--------|------|\n");
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
             if (only_r) /* any shape (cols a multiple of 32) */
-                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds, set_bytes);
+                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds);
             else
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds, set_bytes);
+                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds);
         printf("\n");
         pool_free(p);
     }
