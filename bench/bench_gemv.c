@@ -7,8 +7,8 @@
  * decode; rounds alternate with a round of the read measurement, and both figures are medians
  * over the rounds (see bench_shape).
  *
- * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS]
- * (--shape: any shape, columns a multiple of 32)
+ * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS] [--in-cache]
+ * (--shape: any shape, columns a multiple of 32; --in-cache: see bench_shape)
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
 #include <immintrin.h>
@@ -138,11 +138,13 @@ static double median(double *v, int n)
  * noisy machine; the table gives the median round of each and their ratio. */
 enum { MAX_ROUNDS = 64 };
 
+/* in_cache: the compute ceiling instead: one matrix (small enough for L2, e.g. 256 x 3584) timed
+ * over and over, 64 MiB of its weights per round, with no read rounds (no ratio). */
 static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt, int rows, int cols,
-                        double seconds)
+                        double seconds, int in_cache)
 {
     size_t bytes = wfmt_data_bytes(fmt, rows, cols) + wfmt_scale_bytes(fmt, rows, cols);
-    int nm = (int)(SET_BYTES / bytes) + 1;
+    int nm = in_cache ? 1 : (int)(SET_BYTES / bytes) + 1, reps = in_cache ? (int)((64u << 20) / bytes) + 1 : 1;
     rng r;
     rng_seed(&r, 42);
     kmat *m = calloc((size_t)nm, sizeof *m);
@@ -162,18 +164,22 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     double rd[MAX_ROUNDS], mm[MAX_ROUNDS], t0 = timer_now();
     int n = 0;
     do {
-        rd[n] = read_once(p, rj);
+        rd[n] = in_cache ? 0 : read_once(p, rj);
         double t1 = timer_now();
-        for (int i = 0; i < nm; i++) {
-            j.w = &m[i];
-            pool_for(p, rows, mm_part, &j);
-        }
-        mm[n] = (double)bytes * nm / (timer_now() - t1) / 1e9;
+        for (int q = 0; q < reps; q++)
+            for (int i = 0; i < nm; i++) {
+                j.w = &m[i];
+                pool_for(p, rows, mm_part, &j);
+            }
+        mm[n] = (double)bytes * nm * reps / (timer_now() - t1) / 1e9;
         n++;
     } while (n < MAX_ROUNDS && (n < 5 || timer_now() - t0 < seconds));
     double bw = median(rd, n), gbs = median(mm, n), per = (double)bytes / gbs / 1e9;
-    printf("| %-6s | %5d x %-5d | %d | %3d | %8.1f | %5.1f | %7.1f | %6.1f | %.2f |\n", wfmt_table[fmt].name,
-           rows, cols, pool_size(p), n, per * 1e6, bw, gbs, 2.0 * rows * cols / per / 1e9, gbs / bw);
+    printf("| %-6s | %5d x %-5d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, pool_size(p), n, per * 1e6);
+    if (in_cache)
+        printf("    - | %7.1f | %6.1f |    - |\n", gbs, 2.0 * rows * cols / per / 1e9);
+    else
+        printf("%5.1f | %7.1f | %6.1f | %.2f |\n", bw, gbs, 2.0 * rows * cols / per / 1e9, gbs / bw);
     for (int i = 0; i < nm; i++) {
         free(d[i]);
         free(s[i]);
@@ -189,17 +195,19 @@ int main(int argc, char **argv)
 {
     const char *kname = NULL;
     double seconds = 2.0;
-    int only_r = 0, only_c = 0;
+    int only_r = 0, only_c = 0, in_cache = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
             kname = argv[++i];
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--in-cache"))
+            in_cache = 1;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &only_r, &only_c) == 2 &&
                  only_r > 0 && only_c > 0 && only_c % 32 == 0)
             i++;
         else {
-            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS]\n");
+            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--in-cache]\n");
             return 2;
         }
     }
@@ -230,10 +238,10 @@ int main(int argc, char **argv)
         printf("|--------|---------------|---|-----|----------|-------|---------|--------|------|\n");
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
             if (only_r) /* any shape (cols a multiple of 32) */
-                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds);
+                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds, in_cache);
             else
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds);
+                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds, in_cache);
         printf("\n");
         pool_free(p);
     }
