@@ -60,6 +60,24 @@ TEST(dtype_int4_signs)
         CHECK(out[c] == -8.0f);
 }
 
+TEST(dtype_int8_group_scales)
+{
+    /* columns 0..31 use scale 0 (bf16 0.5), 32..63 scale 1 (bf16 -3.0); codes are two's complement */
+    int8_t q[64];
+    for (int c = 0; c < 64; c++)
+        q[c] = (int8_t)(c < 32 ? c * 8 - 128 : 127 - c);
+    uint16_t scale[2] = {0x3F00, 0xC040};
+    kmat m;
+    kmat_init(&m, WF_INT8G32, 1, 64, q, scale);
+    CHECK(m.row_bytes == 64 && m.scale_stride == 4);
+    float out[64];
+    wfmt_table[WF_INT8G32].decode(&m, 0, 0, 64, out);
+    CHECK(out[0] == -64.0f && out[16] == 0.0f && out[31] == 60.0f);
+    CHECK(out[32] == -285.0f && out[63] == -192.0f);
+    wfmt_table[WF_INT8G32].decode(&m, 0, 40, 41, out);
+    CHECK(out[0] == -261.0f);
+}
+
 TEST(dtype_f16_bf16)
 {
     CHECK(f16_to_f32(0x3C00) == 1.0f);
@@ -106,7 +124,7 @@ static void random_matrix(rng *r, int fmt, int rows, int cols, kmat *m, void **d
             uint64_t v = rng_next(r);
             s[i] = v % 8 ? (uint8_t)(110 + (v >> 8) % 30) : extreme[(v >> 8) % 4];
         }
-    if (fmt == WF_INT4G32)
+    if (fmt == WF_INT4G32 || fmt == WF_INT8G32)
         for (size_t i = 0; i < sb / 2; i++) {
             uint16_t h = f32_to_bf16((float)(0.01 + 0.1 * fabs(rng_normal(r))));
             memcpy(s + 2 * i, &h, 2);
@@ -184,7 +202,7 @@ static void check_isa(const kern_ops *k)
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 4099, 8256, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         for (int T = 1; T <= 11; T += (T == 1 ? 2 : 8)) {
-            if (fmt == WF_MXFP4 || fmt == WF_INT4G32) {
+            if (wfmt_table[fmt].block == 32) {
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
                     CHECKF(compare_ops(&kern_scalar, k, fmt, shapes[i][0], shapes[i][1], T, 100 + i),
                            "%s %s rows %d cols %d T %d differs from scalar", k->name, wfmt_table[fmt].name,
@@ -215,7 +233,7 @@ static void check_isa(const kern_ops *k)
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         kmat m;
         void *d, *s;
-        int cols = (fmt == WF_MXFP4 || fmt == WF_INT4G32) ? 352 : 333;
+        int cols = wfmt_table[fmt].block == 32 ? 352 : 333;
         random_matrix(&r, fmt, 5, cols, &m, &d, &s);
         float *o1 = malloc(sizeof(float) * 5 * cols), *o2 = malloc(sizeof(float) * 5 * cols);
         kern_scalar.decode_rows(&m, 0, 5, o1);

@@ -121,6 +121,16 @@ static void dec_int4(const kmat *w, int r, int c0, int c1, float *out)
     }
 }
 
+static void dec_int8(const kmat *w, int r, int c0, int c1, float *out)
+{
+    const int8_t *p = (const int8_t *)(w->data + (size_t)r * w->row_bytes);
+    const uint8_t *s = w->scale + (size_t)r * w->scale_stride;
+    for (int i = c0; i < c1; i++) {
+        int g = i / 32;
+        out[i - c0] = (float)p[i] * bf16_to_f32((uint16_t)(s[2 * g] | (s[2 * g + 1] << 8)));
+    }
+}
+
 static void dec_fp8(const kmat *w, int r, int c0, int c1, float *out)
 {
     const uint8_t *p = w->data + (size_t)r * w->row_bytes;
@@ -139,6 +149,7 @@ const wfmt_info wfmt_table[WF_COUNT] = {
     [WF_MXFP4] = {"mxfp4", 32, 16, dec_mxfp4},
     [WF_INT4G32] = {"int4-g32", 32, 16, dec_int4},
     [WF_FP8B128] = {"fp8-b128", 1, 1, dec_fp8},
+    [WF_INT8G32] = {"int8-g32", 32, 32, dec_int8},
 };
 
 size_t wfmt_data_bytes(int fmt, int rows, int cols)
@@ -153,6 +164,7 @@ size_t wfmt_scale_bytes(int fmt, int rows, int cols)
     case WF_MXFP4:
         return (size_t)rows * (size_t)(cols / 32);
     case WF_INT4G32:
+    case WF_INT8G32:
         return (size_t)rows * (size_t)(cols / 32) * 2;
     case WF_FP8B128:
         return (size_t)((rows + 127) / 128) * (size_t)((cols + 127) / 128) * 4;
@@ -174,6 +186,7 @@ void kmat_init(kmat *m, int fmt, int rows, int cols, const void *data, const voi
         m->scale_stride = (size_t)cols / 32;
         break;
     case WF_INT4G32:
+    case WF_INT8G32:
         m->scale_stride = (size_t)cols / 32 * 2;
         break;
     case WF_FP8B128:

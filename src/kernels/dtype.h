@@ -12,9 +12,13 @@
  *              BF16 scale per 32 columns [rows][cols/32]
  *   WF_FP8B128 F8_E4M3 [rows][cols] with F32 weight_scale_inv per 128x128 tile
  *              [ceil(rows/128)][ceil(cols/128)]; value = e4m3 * scale, rounded to float32
+ *   WF_INT8G32 I8 [rows][cols] with a BF16 weight_scale per 32 columns [rows][cols/32],
+ *              symmetric: value = q * scale (compressed-tensors int-quantized, group 32). No
+ *              release ships it; `prepare --spine int8` writes it, an opt-in memory saver.
  *
- * Dequantized values are exact in float32 for MXFP4 and INT4; FP8 rounds the product once
- * (which is what the reference does when it loads the weights).
+ * Dequantized values are exact in float32 for MXFP4, INT4 and INT8 (a BF16 scale has 8
+ * significant bits, a code at most 8); FP8 rounds the product once (which is what the reference
+ * does when it loads the weights).
  */
 #ifndef DF_KERNELS_DTYPE_H
 #define DF_KERNELS_DTYPE_H
@@ -30,6 +34,7 @@ typedef enum wfmt {
     WF_MXFP4,
     WF_INT4G32,
     WF_FP8B128,
+    WF_INT8G32,
     WF_COUNT
 } wfmt;
 
@@ -41,7 +46,7 @@ typedef struct kmat {
     const uint8_t *data;   /* row r starts at data + r * row_bytes */
     size_t row_bytes;
     const uint8_t *scale;  /* per-format scales (see above), NULL for plain formats */
-    size_t scale_stride;   /* bytes between scale rows: MXFP4 cols/32, INT4 2*cols/32,
+    size_t scale_stride;   /* bytes between scale rows: MXFP4 cols/32, INT4 and INT8 2*cols/32,
                               FP8 4*ceil(cols/128) (one scale row per 128 weight rows) */
 } kmat;
 
@@ -57,7 +62,10 @@ extern const wfmt_info wfmt_table[WF_COUNT];
 
 /* Bytes per element of a plain (block 1) format: wfmt_table[fmt].block_bytes, as a constant the
  * kernels can specialise on when fmt is one. */
-static inline int wfmt_plain_bytes(int fmt) { return fmt == WF_F32 ? 4 : fmt == WF_FP8B128 ? 1 : 2; }
+static inline int wfmt_plain_bytes(int fmt)
+{
+    return fmt == WF_F32 ? 4 : fmt == WF_FP8B128 || fmt == WF_INT8G32 ? 1 : 2;
+}
 
 /* Element decoders, exact. */
 static inline float bf16_to_f32(uint16_t h)

@@ -92,6 +92,9 @@ INLINE __m256 ld_plain(int fmt, const uint8_t *row, int i, __m256 s256)
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i))), 16));
     case WF_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
+    case WF_INT8G32: /* q * scale: the decoder's one rounding multiply (exact: see dtype.h) */
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i)))),
+                             s256);
     default: {
         __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + (size_t)i)));
         __m128i m7 = _mm_and_si128(h, _mm_set1_epi16(0x7F));
@@ -108,6 +111,19 @@ INLINE __m256 fp8_s256(const kmat *w, int r, int i)
     float sc;
     memcpy(&sc, w->scale + (size_t)(r / 128) * w->scale_stride + 4 * (size_t)(i / 128), 4);
     return _mm256_set1_ps(sc * 256.0f);
+}
+
+/* The multiplier ld_plain takes for the 8 columns from i of row r: FP8's tile scale (x 256),
+ * INT8's group scale, 1 for the float formats. */
+INLINE __m256 plain_scale(int fmt, const kmat *w, int r, int i)
+{
+    if (fmt == WF_FP8B128)
+        return fp8_s256(w, r, i);
+    if (fmt == WF_INT8G32) {
+        const uint8_t *s = w->scale + (size_t)r * w->scale_stride + 2 * (size_t)(i / 32);
+        return _mm256_set1_ps(bf16_to_f32((uint16_t)(s[0] | (s[1] << 8))));
+    }
+    return _mm256_set1_ps(1.0f);
 }
 
 /* the 64 partial sums of kern.h for one row: lanes 8k..8k+7 in r[k] */
@@ -141,10 +157,13 @@ INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const floa
         if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)
                 _mm_prefetch((const char *)(row + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
-        __m256 s = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
+        /* scales change at most every 32 columns (INT8's groups; FP8's tiles are 128 wide) */
+        __m256 s[2];
+        s[0] = plain_scale(fmt, w, r, i);
+        s[1] = fmt == WF_INT8G32 ? plain_scale(fmt, w, r, i + 32) : s[0];
         UNROLL
         for (int k = 0; k < 8; k++)
-            t.r[k] = _mm256_fmadd_ps(ld_plain(fmt, row, i + 8 * k, s), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
+            t.r[k] = _mm256_fmadd_ps(ld_plain(fmt, row, i + 8 * k, s[k / 4]), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
     }
     if (i < c1) {
         float d[64];
@@ -261,11 +280,12 @@ static void decode_seq(const kmat *w, int r, float *o)
     int n = w->cols, i = 0;
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
     for (; i + 8 <= n; i += 8) {
-        __m256 s = w->fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm256_set1_ps(1.0f);
-        __m256 v = w->fmt == WF_F32    ? ld_plain(WF_F32, row, i, s)
-                   : w->fmt == WF_BF16 ? ld_plain(WF_BF16, row, i, s)
-                   : w->fmt == WF_F16  ? ld_plain(WF_F16, row, i, s)
-                                       : ld_plain(WF_FP8B128, row, i, s);
+        __m256 s = plain_scale(w->fmt, w, r, i);
+        __m256 v = w->fmt == WF_F32       ? ld_plain(WF_F32, row, i, s)
+                   : w->fmt == WF_BF16    ? ld_plain(WF_BF16, row, i, s)
+                   : w->fmt == WF_F16     ? ld_plain(WF_F16, row, i, s)
+                   : w->fmt == WF_INT8G32 ? ld_plain(WF_INT8G32, row, i, s)
+                                          : ld_plain(WF_FP8B128, row, i, s);
         _mm256_storeu_ps(o + i, v);
     }
     if (i < n)

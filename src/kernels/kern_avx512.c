@@ -87,6 +87,9 @@ INLINE __m512 ld_plain(int fmt, const uint8_t *row, int i, __m512 s256)
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i))), 16));
     case WF_F16:
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i)));
+    case WF_INT8G32: /* q * scale: the decoder's one rounding multiply (exact: see dtype.h) */
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))),
+                             s256);
     default: { /* FP8 e4m3 -> f16 bits (value / 256), one rounding multiply by 256*scale; NaN patched */
         __m128i v = _mm_loadu_si128((const __m128i *)(row + (size_t)i));
         __m256i h = _mm256_cvtepu8_epi16(v);
@@ -104,6 +107,19 @@ INLINE __m512 fp8_s256(const kmat *w, int r, int i)
     float sc;
     memcpy(&sc, w->scale + (size_t)(r / 128) * w->scale_stride + 4 * (size_t)(i / 128), 4);
     return _mm512_set1_ps(sc * 256.0f);
+}
+
+/* The multiplier ld_plain takes for the 16 columns from i of row r: FP8's tile scale (x 256),
+ * INT8's group scale, 1 for the float formats. */
+INLINE __m512 plain_scale(int fmt, const kmat *w, int r, int i)
+{
+    if (fmt == WF_FP8B128)
+        return fp8_s256(w, r, i);
+    if (fmt == WF_INT8G32) {
+        const uint8_t *s = w->scale + (size_t)r * w->scale_stride + 2 * (size_t)(i / 32);
+        return _mm512_set1_ps(bf16_to_f32((uint16_t)(s[0] | (s[1] << 8))));
+    }
+    return _mm512_set1_ps(1.0f);
 }
 
 /* the 64 partial sums of kern.h for one row: lanes 16k..16k+15 in z[k] */
@@ -126,17 +142,18 @@ INLINE float acc_reduce(const acc_t *a) { return reduce4(a->z[0], a->z[1], a->z[
 INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *acc, ptrdiff_t pf)
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes;
-    __m512 one = _mm512_set1_ps(1.0f), z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
+    __m512 z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
     int i = c0, es = wfmt_plain_bytes(fmt);
     for (; i + 64 <= c1; i += 64) {
         if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
             for (int l = 0; l < es; l++)
                 _mm_prefetch((const char *)(a + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
-        __m512 sa = fmt == WF_FP8B128 ? fp8_s256(w, r, i) : one;
+        /* scales change at most every 32 columns (INT8's groups; FP8's tiles are 128 wide) */
+        __m512 sa = plain_scale(fmt, w, r, i), sb = fmt == WF_INT8G32 ? plain_scale(fmt, w, r, i + 32) : sa;
         z0 = _mm512_fmadd_ps(ld_plain(fmt, a, i, sa), _mm512_loadu_ps(x + i), z0);
         z1 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 16, sa), _mm512_loadu_ps(x + i + 16), z1);
-        z2 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 32, sa), _mm512_loadu_ps(x + i + 32), z2);
-        z3 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 48, sa), _mm512_loadu_ps(x + i + 48), z3);
+        z2 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 32, sb), _mm512_loadu_ps(x + i + 32), z2);
+        z3 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 48, sb), _mm512_loadu_ps(x + i + 48), z3);
     }
     *acc = (acc_t){{z0, z1, z2, z3}};
     if (i < c1) {
@@ -226,12 +243,14 @@ static void decode_seq(const kmat *w, int r, float *o)
     case WF_BF16:
     case WF_F16:
     case WF_FP8B128:
+    case WF_INT8G32:
         for (; i + 16 <= n; i += 16) {
-            __m512 s = w->fmt == WF_FP8B128 ? fp8_s256(w, r, i) : _mm512_set1_ps(1.0f);
-            __m512 v = w->fmt == WF_F32    ? ld_plain(WF_F32, row, i, s)
-                       : w->fmt == WF_BF16 ? ld_plain(WF_BF16, row, i, s)
-                       : w->fmt == WF_F16  ? ld_plain(WF_F16, row, i, s)
-                                           : ld_plain(WF_FP8B128, row, i, s);
+            __m512 s = plain_scale(w->fmt, w, r, i);
+            __m512 v = w->fmt == WF_F32      ? ld_plain(WF_F32, row, i, s)
+                       : w->fmt == WF_BF16   ? ld_plain(WF_BF16, row, i, s)
+                       : w->fmt == WF_F16    ? ld_plain(WF_F16, row, i, s)
+                       : w->fmt == WF_INT8G32 ? ld_plain(WF_INT8G32, row, i, s)
+                                             : ld_plain(WF_FP8B128, row, i, s);
             _mm512_storeu_ps(o + i, v);
         }
         break;

@@ -73,7 +73,8 @@ static const st_tensor *findf(const model *m, const char *base, const char *suff
     return st_find(&m->st, name);
 }
 
-/* Binds base.weight (plain or FP8 + weight_scale_inv) or base.weight_packed (MXFP4 or INT4). */
+/* Binds base.weight (plain, FP8 + weight_scale_inv, or INT8 + weight_scale) or base.weight_packed
+ * (MXFP4 or INT4). */
 static int bind_mat(model *m, kmat *out, int rows, int cols, const char *base, int required, errbuf *err)
 {
     const st_tensor *w = findf(m, base, ".weight"), *s;
@@ -93,6 +94,9 @@ static int bind_mat(model *m, kmat *out, int rows, int cols, const char *base, i
         case ST_F8_E4M3:
             fmt = WF_FP8B128;
             break;
+        case ST_I8:
+            fmt = WF_INT8G32;
+            break;
         default:
             return errbuf_set(err, "%s: tensor '%s' has dtype %s, not a weight format", file_of(m, w), w->name,
                               st_dtype_name(w->dtype));
@@ -105,6 +109,15 @@ static int bind_mat(model *m, kmat *out, int rows, int cols, const char *base, i
                 return errbuf_set(err, "%s: F8_E4M3 tensor '%s' has no '%s.weight_scale_inv'", file_of(m, w), w->name,
                                   base);
             if (want_2d(m, s, ST_F32, (rows + 127) / 128, (cols + 127) / 128, err) != 0)
+                return -1;
+            scale = s->data;
+        } else if (fmt == WF_INT8G32) { /* what `prepare --spine int8` writes */
+            if (cols % 32 != 0)
+                return errbuf_set(err, "%s: I8 tensor '%s' has %d input columns, not a multiple of 32", file_of(m, w),
+                                  w->name, cols);
+            if (!(s = findf(m, base, ".weight_scale")))
+                return errbuf_set(err, "%s: I8 tensor '%s' has no '%s.weight_scale'", file_of(m, w), w->name, base);
+            if (want_2d(m, s, ST_BF16, rows, cols / 32, err) != 0)
                 return -1;
             scale = s->data;
         }
