@@ -8,6 +8,7 @@
  * store refuses another model; a failed load is recoverable; doctor checks mirrors; the router
  * lookahead's guesses are mostly used and credited only to the layer they were for;
  * each drive is read with the depth and request size doctor measured for it. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +115,7 @@ static int prepare(const char *src, const char *dst, int ndrives, int mirrors, e
         mkdir(buf[i], 0755);
         drives[i] = buf[i];
     }
-    dfsp_prepare_opts o = {drives, ndrives, mirrors};
+    dfsp_prepare_opts o = {drives, ndrives, mirrors, 0};
     dfsp_prepare_stats st;
     return dfsp_prepare(src, dst, &o, &st, err);
 }
@@ -964,4 +965,129 @@ TEST(store_doctor_saves_drive_tuning)
     json_decref(j);
     CHECKF(g >= 0.95 * c.drive_cold_gbps[0] - 1e-3 && g <= c.drive_cold_gbps[0] + 1e-3,
            "tuning's rate %.3f against the pack grid's best %.3f", g, c.drive_cold_gbps[0]);
+}
+
+/* ---- prepare --spine int8 ---- */
+
+/* Every layer matrix of the int8 store against the source's: the router and the non-plain ones
+ * as released (same bytes), every other plain matrix with 32k columns as INT8 whose codes are
+ * within half a step of the source and whose scale is the least BF16 >= max|w| / 127. */
+static void check_int8_layers(const model *src, const model *q8)
+{
+    int nq = 0;
+    for (int l = 0; l < src->hp.n_layers; l++) {
+        layer_w a = src->L[l], b = q8->L[l];
+        kmat *ma[MODEL_LAYER_MATS], *mb[MODEL_LAYER_MATS];
+        int n = model_layer_mats(&a, ma);
+        CHECK(n == model_layer_mats(&b, mb));
+        for (int k = 0; k < n; k++) {
+            int plain = ma[k]->fmt == WF_BF16 || ma[k]->fmt == WF_F16 || ma[k]->fmt == WF_F32;
+            int want = plain && ma[k]->cols % 32 == 0 && ma[k] != &a.moe.router;
+            CHECKF(mb[k]->fmt == (want ? WF_INT8G32 : ma[k]->fmt), "layer %d matrix %d: %s, source %s", l, k,
+                   wfmt_table[mb[k]->fmt].name, wfmt_table[ma[k]->fmt].name);
+            if (!want) {
+                CHECK(memcmp(ma[k]->data, mb[k]->data, (size_t)ma[k]->rows * ma[k]->row_bytes) == 0);
+                continue;
+            }
+            nq++;
+            int cols = ma[k]->cols;
+            float *w = malloc(sizeof(float) * (size_t)cols), *d = malloc(sizeof(float) * (size_t)cols);
+            for (int r = 0; r < ma[k]->rows && !test_failed(); r++) {
+                wfmt_table[ma[k]->fmt].decode(ma[k], r, 0, cols, w);
+                wfmt_table[WF_INT8G32].decode(mb[k], r, 0, cols, d);
+                const uint8_t *sp = mb[k]->scale + (size_t)r * mb[k]->scale_stride;
+                for (int g = 0; g < cols / 32; g++) {
+                    uint16_t h = (uint16_t)(sp[2 * g] | (sp[2 * g + 1] << 8));
+                    float s = bf16_to_f32(h), amax = 0;
+                    for (int j = 0; j < 32; j++)
+                        amax = fabsf(w[32 * g + j]) > amax ? fabsf(w[32 * g + j]) : amax;
+                    float step = amax / 127.0f;
+                    CHECKF(s >= step && (h == 0 || bf16_to_f32((uint16_t)(h - 1)) < step),
+                           "layer %d matrix %d row %d group %d: scale %g for max %g", l, k, r, g, s, amax);
+                    for (int j = 0; j < 32; j++)
+                        CHECKF(fabsf(w[32 * g + j] - d[32 * g + j]) <= 0.5f * s * 1.0001f,
+                               "layer %d matrix %d row %d col %d: %g coded as %g (step %g)", l, k, r, 32 * g + j,
+                               w[32 * g + j], d[32 * g + j], s);
+                }
+            }
+            free(w);
+            free(d);
+        }
+    }
+    CHECK(nq > 0);
+}
+
+/* An int8 store is its own model: the matrices coded as spineq.h says; its logits the same bits
+ * resident, with its spines streamed, on 1 or 2 threads, in chunks of 1, 3 or 12; near the
+ * source's but not equal. It never shares a pack with the as-released store of the same model,
+ * and neither a finished nor an unfinished store is completed the other way. */
+TEST(store_spine_int8)
+{
+    errbuf err;
+    char *q8 = dir_in_tmp("int8"), *plain = dir_in_tmp("int8-plain"), drive[4200], cmd[9000], out[8192];
+    snprintf(drive, sizeof drive, "%s/int8-drive", test_tmpdir());
+    mkdir(drive, 0755);
+    snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --drives %s --spine int8", tu_bin(), q8,
+             drive);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "prepare: spine int8: "), "%s", out);
+    const char *dr[1] = {drive};
+    dfsp_prepare_opts o = {dr, 1, 1, 0};
+    dfsp_prepare_stats ps;
+    CHECKF(dfsp_prepare("models/default", plain, &o, &ps, &err) == 0, "%s", err.msg);
+    model src, dm;
+    blob_table bt;
+    dfsp_info info;
+    CHECKF(model_load(&src, "models/default", &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(q8, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    blob_table_free(&bt);
+    CHECKF(info.spine_int8 && strstr(info.pack_path[0], "-int8.pack"), "%d %s", info.spine_int8, info.pack_path[0]);
+    char man[4300];
+    snprintf(man, sizeof man, "%s/manifest.json", q8);
+    json_t *j = jsonr_load_file(man, &err);
+    CHECKF(j, "%s", err.msg);
+    json_object_set_new(j, "spine", json_string("int4"));
+    dfsp_manifest pm;
+    int bad = dfsp_manifest_parse(j, man, &pm, &err);
+    json_decref(j);
+    CHECKF(bad != 0 && strstr(err.msg, man) && strstr(err.msg, "\"spine\""), "%s", err.msg);
+    check_int8_layers(&src, &dm);
+    size_t V = (size_t)src.hp.vocab, bytes = sizeof(float) * NIDS * V;
+    float *ref = run(&dm, NULL, NIDS, &err), *ref0 = run(&src, NULL, NIDS, &err);
+    CHECKF(ref && ref0, "%s", err.msg);
+    float *t1 = tu_eval(&dm, IDS, NIDS, 3, 1, NULL, &err);
+    int same = t1 && memcmp(t1, ref, bytes) == 0;
+    free(t1);
+    CHECKF(same, "int8 store: 1 thread in chunks of 3 differs from 2 threads in one pass");
+    for (int pf = 0; pf <= 1; pf++)
+        compare_streamed(q8, 1, LEAST, pf, 1 + 4 * pf, ref, "int8 store");
+    /* the error the opt-in costs on the trained default model (bench/results/store.md measures it) */
+    double e_all = tu_rel_err(ref, ref0, NIDS * V), e_first = tu_rel_err(ref, ref0, V);
+    CHECKF(e_all > 0 && e_all < 0.15 && e_first < 0.03, "logit error %.4f (first position %.4f)", e_all, e_first);
+    free(ref);
+    free(ref0);
+    model_free(&src);
+    /* the as-released store of the same model beside it: its own pack and its own logits */
+    CHECKF(dfsp_open(plain, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    blob_table_free(&bt);
+    model_free(&dm);
+    CHECKF(!info.spine_int8 && !strstr(info.pack_path[0], "-int8"), "%s", info.pack_path[0]);
+    CHECKF(dfsp_open(q8, &dm, &bt, &info, &err) == 0, "%s", err.msg); /* still intact */
+    blob_table_free(&bt);
+    model_free(&dm);
+    /* neither store is completed the other way */
+    CHECK(dfsp_prepare("models/default", q8, &o, &ps, &err) != 0);
+    CHECKF(strstr(err.msg, "made with --spine int8"), "%s", err.msg);
+    o.spine_int8 = 1;
+    CHECK(dfsp_prepare("models/default", plain, &o, &ps, &err) != 0);
+    CHECKF(strstr(err.msg, "made without --spine int8"), "%s", err.msg);
+    char *part = dir_in_tmp("int8-part");
+    snprintf(cmd, sizeof cmd, "DELTAFIN_PREPARE_STOP_AFTER=5 %s prepare --model models/default --out %s --spine int8",
+             tu_bin(), part);
+    CHECK(tu_run(cmd, out, sizeof out) == 3);
+    CHECK(prepare("models/default", part, 0, 1, &err) != 0);
+    CHECKF(strstr(err.msg, "journal") && strstr(err.msg, "with --spine int8"), "%s", err.msg);
+    snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --spine int8", tu_bin(), part);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "5 verified from an earlier run"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --spine int4", tu_bin(), part);
+    CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--spine must be as-released or int8"), "%s", out);
 }

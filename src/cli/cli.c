@@ -231,6 +231,7 @@ int cli_engine_open(cli_engine *e, const char *model_dir, int threads, const cha
             free(info);
             return -1;
         }
+        e->spine_int8 = info->spine_int8;
         if (so->drives && override_drives(info, so->drives, err) != 0)
             goto fail;
     } else if (model_load(&e->m, model_dir, err) != 0) {
@@ -333,8 +334,9 @@ static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, si
 
 void cli_engine_stats(cli_engine *e, int tokens, double seconds)
 {
+    const char *spine = e->spine_int8 ? ", layer spines INT8 (prepare --spine int8)" : "";
     if (!e->store) {
-        fprintf(stderr, "[stats] weights: all resident (mapped)\n");
+        fprintf(stderr, "[stats] weights: all resident (mapped)%s\n", spine);
         return;
     }
     store_stats st;
@@ -344,12 +346,12 @@ void cli_engine_stats(cli_engine *e, int tokens, double seconds)
     char h1[32], h2[32], h3[32], h4[32];
     fprintf(stderr,
             "[stats] store: %s, %d expert slots of %s (%s), %s resident (globals and %d of %d layer spines), "
-            "prefetch %s (%s)\n",
+            "prefetch %s (%s)%s\n",
             e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store),
             store_fmt_bytes(store_slot_bytes(e->store), h1, 32),
             store_fmt_bytes(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32),
             store_fmt_bytes(pl->resident_bytes, h3, 32), e->m.hp.n_layers - pl->spine_streamed, e->m.hp.n_layers,
-            store_weights(e->store)->prefetch ? "on" : "off", store_io_note(e->store));
+            store_weights(e->store)->prefetch ? "on" : "off", store_io_note(e->store), spine);
     if (pl->spine_streamed > 0)
         fprintf(stderr,
                 "[stats] spine: %d layers streamed through %d slots of %s, %s read per token, %llu of %llu layers "

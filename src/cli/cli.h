@@ -50,6 +50,7 @@ typedef struct cli_engine {
     pool *pool;
     struct store *store;
     int dfsp;
+    int spine_int8;    /* a DFSP store made with prepare --spine int8 */
     /* cli_engine_mark: when decode began, and what had been read by then */
     double mark_t;
     uint64_t mark_bytes, mark_drive[16];

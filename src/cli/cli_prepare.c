@@ -6,16 +6,22 @@
 
 static const char *HELP =
     "usage: deltafin prepare --model HFDIR --out STORE [--drives DIR,DIR,...] [--mirrors N]\n"
+    "                        [--spine as-released|int8]\n"
     "Writes a DFSP store: every routed expert and every layer's spine as a 4 KiB-aligned blob,\n"
     "striped over the drive folders (each blob on N of them with --mirrors), with a manifest of\n"
     "offsets, sizes, drives and xxh3 checksums in STORE. Atomic and resumable: rerun after an\n"
     "interruption and it verifies what was written and continues. Refuses a STORE holding another\n"
-    "model; checks free space first. Run the store with `deltafin run --model STORE`.\n";
+    "model; checks free space first. Run the store with `deltafin run --model STORE`.\n"
+    "--spine int8 (opt-in, never the default) stores the layers' attention, shared-expert and dense\n"
+    "matrices as INT8 with a BF16 scale per 32 weights: about half their memory and drive bytes, at\n"
+    "the cost of a small logit error (measured in bench/results/store.md). Routers, routed experts,\n"
+    "embedding and output head stay as released.\n";
 
 int cmd_prepare(int argc, char **argv)
 {
     const char *cmd = "prepare", *model_dir = NULL, *out = NULL, *drives = NULL, *v;
     long mirrors = 1;
+    int spine_int8 = 0;
     for (int i = 1; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -27,6 +33,10 @@ int cmd_prepare(int argc, char **argv)
             out = v;
         } else if ((r = cli_opt(argc, argv, &i, "--drives", &v))) {
             drives = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--spine", &v))) {
+            if (r > 0 && strcmp(v, "int8") && strcmp(v, "as-released"))
+                return cli_usage(cmd, "--spine must be as-released or int8, not '%s'", v);
+            spine_int8 = r > 0 && !strcmp(v, "int8");
         } else if ((r = cli_opt(argc, argv, &i, "--mirrors", &v))) {
             if (r > 0 && cli_long(cmd, "--mirrors", v, 1, STORE_MAX_COPIES, &mirrors))
                 return 2;
@@ -49,7 +59,7 @@ int cmd_prepare(int argc, char **argv)
             list[n++] = t;
         }
     }
-    dfsp_prepare_opts o = {list, n, (int)mirrors};
+    dfsp_prepare_opts o = {list, n, (int)mirrors, spine_int8};
     dfsp_prepare_stats st;
     errbuf err;
     int rc = dfsp_prepare(model_dir, out, &o, &st, &err);
@@ -59,6 +69,9 @@ int cmd_prepare(int argc, char **argv)
     }
     if (rc != 0)
         return cli_fail(cmd, &err);
+    if (spine_int8)
+        printf("prepare: spine int8: %d matrices, %.3f GB as released -> %.3f GB\n", st.spine_mats,
+               (double)st.spine_in / 1e9, (double)st.spine_out / 1e9);
     if (st.already)
         printf("prepare: %s already holds this model (%d blobs)\n", out, st.blobs);
     else

@@ -16,6 +16,7 @@
 #include "base/file.h"
 #include "base/jsonr.h"
 #include "base/timer.h"
+#include "store/spineq.h"
 
 static const char *kind_name[3] = {"global", "spine", "expert"};
 
@@ -165,6 +166,10 @@ int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *m, 
         return errbuf_set(err, "%s: needs identity (sha256 hex), drives (1..%d), mirrors (1..drives), packs (1..%d) "
                                "and blobs",
                           where, IO_MAX_DRIVES, STORE_MAX_PACKS);
+    const json_t *spine = json_object_get(man, "spine");
+    if (spine && !(json_is_string(spine) && !strcmp(json_string_value(spine), "int8")))
+        return errbuf_set(err, "%s: \"spine\" must be \"int8\" when present", where);
+    m->spine_int8 = spine != NULL;
     memcpy(m->identity, id, 65);
     m->ndrives = (int)drives;
     m->mirrors = (int)mirrors;
@@ -212,6 +217,7 @@ void dfsp_manifest_free(dfsp_manifest *m)
 
 typedef struct plan {
     int ndrives, mirrors;
+    int spine_int8;
     char drive[STORE_MAX_PACKS][1024];
     char pack[STORE_MAX_PACKS][1200];  /* pack file path */
     uint64_t size[STORE_MAX_PACKS];    /* planned pack size */
@@ -225,6 +231,7 @@ static int plan_drives(plan *p, const char *store_dir, const dfsp_prepare_opts *
 {
     p->ndrives = o->ndrives > 0 ? o->ndrives : 1;
     p->mirrors = o->mirrors < 1 ? 1 : o->mirrors;
+    p->spine_int8 = o->spine_int8 != 0;
     if (p->ndrives > STORE_MAX_PACKS)
         return errbuf_set(err, "prepare: at most %d drives", STORE_MAX_PACKS);
     if (p->mirrors > p->ndrives || p->mirrors > STORE_MAX_COPIES)
@@ -238,7 +245,7 @@ static int plan_drives(plan *p, const char *store_dir, const dfsp_prepare_opts *
             if (strcmp(real[e], real[d]) == 0)
                 return errbuf_set(err, "prepare: drive folder '%s' is listed twice", dr);
         snprintf(p->drive[d], sizeof p->drive[d], "%s", dr);
-        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s.pack", dr, identity);
+        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s%s.pack", dr, identity, p->spine_int8 ? "-int8" : "");
     }
     return 0;
 }
@@ -322,20 +329,24 @@ static json_t *manifest_json(const blob_table *t, const model *m, const plan *p,
                                                "layer", x->layer, "expert", x->expert, "size", (json_int_t)x->size,
                                                "xxh3", h, "copies", copies, "tensors", ts));
     }
-    return json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:o, s:o}", "format", "dfsp", "version", 1, "identity", identity,
-                     "source", hf_dir, "drives", p->ndrives, "mirrors", p->mirrors, "packs", packs, "blobs", blobs);
+    json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:o, s:o}", "format", "dfsp", "version", 1, "identity",
+                            identity, "source", hf_dir, "drives", p->ndrives, "mirrors", p->mirrors, "packs", packs,
+                            "blobs", blobs);
+    if (man && p->spine_int8)
+        json_object_set_new(man, "spine", json_string("int8"));
+    return man;
 }
 
-/* journal: line 1 = "dfsp-journal <identity> <ndrives> <mirrors>", then "<blob> <xxh3hex>" */
+/* journal: line 1 = "dfsp-journal <identity> <ndrives> <mirrors>[ int8]", then "<blob> <xxh3hex>" */
 static int journal_read(const char *path, const char *identity, const plan *p, unsigned char *done,
                         uint64_t *sums, int nblobs, errbuf *err)
 {
     FILE *f = fopen(path, "r");
     if (!f)
         return 0;
-    char line[256], id[80];
+    char line[256], id[80], sp[16] = "";
     int nd, mi, rc = 0;
-    if (!fgets(line, sizeof line, f) || sscanf(line, "dfsp-journal %70s %d %d", id, &nd, &mi) != 3) {
+    if (!fgets(line, sizeof line, f) || sscanf(line, "dfsp-journal %70s %d %d %15s", id, &nd, &mi, sp) < 3) {
         rc = errbuf_set(err, "%s: not a DFSP journal; remove it to start over", path);
     } else if (strcmp(id, identity) != 0) {
         rc = errbuf_set(err, "%s: an unfinished prepare of another model (identity %.12s..., this one %.12s...) is "
@@ -345,6 +356,9 @@ static int journal_read(const char *path, const char *identity, const plan *p, u
         rc = errbuf_set(err, "%s: the unfinished prepare used %d drives and %d mirrors; rerun with the same "
                              "--drives and --mirrors",
                         path, nd, mi);
+    } else if ((strcmp(sp, "int8") == 0) != p->spine_int8) {
+        rc = errbuf_set(err, "%s: the unfinished prepare was %s --spine int8; rerun it the same way", path,
+                        p->spine_int8 ? "without" : "with");
     } else {
         int b;
         unsigned long long h;
@@ -361,7 +375,9 @@ static int journal_read(const char *path, const char *identity, const plan *p, u
 /* the prepare of one store: everything its steps share */
 typedef struct prep {
     model m;
-    blob_table t;
+    spineq q;      /* --spine int8: the store's tensor list */
+    model view;    /* m with that list (spineq_view), or m itself */
+    blob_table t;  /* over view */
     plan p;
     int *src_fd;
     unsigned char *done;
@@ -409,7 +425,12 @@ static int write_blobs(prep *x, uint64_t *written_bytes, errbuf *err)
         memset(x->img, 0, blob_padded(bl->size));
         for (int i = 0; i < bl->nparts; i++) {
             const blob_part *pt = &x->t.part[bl->first_part + i];
-            const st_tensor *tt = &x->m.st.t[pt->tensor];
+            const st_tensor *tt = &x->view.st.t[pt->tensor];
+            if (x->q.role && x->q.role[pt->tensor] != SPINEQ_COPY) {
+                if (spineq_fill(&x->q, &x->m, pt->tensor, x->img + pt->off, err) != 0)
+                    return -1;
+                continue;
+            }
             if (file_pread_full(x->src_fd[tt->file], x->img + pt->off, pt->len, tt->file_off) != 0)
                 return errbuf_set(err, "prepare: cannot read tensor '%s' from %s", tt->name,
                                   x->m.st.files[tt->file].path);
@@ -461,8 +482,8 @@ static int finish_store(prep *x, const char *hf_dir, const char *store_dir, cons
     sync_all(x);
     for (int d = 0; d < x->p.ndrives; d++) /* packs inside the store are written relative to it */
         if (strcmp(x->p.drive[d], store_dir) == 0)
-            snprintf(x->p.pack[d], sizeof x->p.pack[d], "dfsp-%.16s.pack", identity);
-    json_t *man = manifest_json(&x->t, &x->m, &x->p, identity, hf_dir);
+            snprintf(x->p.pack[d], sizeof x->p.pack[d], "dfsp-%.16s%s.pack", identity, x->p.spine_int8 ? "-int8" : "");
+    json_t *man = manifest_json(&x->t, &x->view, &x->p, identity, hf_dir);
     char *text = man ? json_dumps(man, JSON_COMPACT) : NULL, path[4200];
     json_decref(man);
     if (!text)
@@ -473,8 +494,8 @@ static int finish_store(prep *x, const char *hf_dir, const char *store_dir, cons
     return rc;
 }
 
-/* an existing manifest: the same model means done; another model is refused */
-static int existing(const char *store_dir, const char *identity, int *same, errbuf *err)
+/* an existing manifest: the same model (and spine) means done; another is refused */
+static int existing(const char *store_dir, const char *identity, int spine_int8, int *same, errbuf *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/manifest.json", store_dir);
@@ -486,9 +507,13 @@ static int existing(const char *store_dir, const char *identity, int *same, errb
         return -1;
     const char *oid = json_string_value(json_object_get(old, "identity"));
     *same = oid && strcmp(oid, identity) == 0;
+    int old_int8 = json_object_get(old, "spine") != NULL;
     json_decref(old);
     if (!*same)
         return errbuf_set(err, "%s: this store holds another model; refusing to mix (use another folder)", path);
+    if (old_int8 != spine_int8)
+        return errbuf_set(err, "%s: this store holds this model %s --spine int8; use another folder", path,
+                          old_int8 ? "made with" : "made without");
     return 0;
 }
 
@@ -508,13 +533,23 @@ int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_o
         free(x);
         return -1;
     }
-    if (blob_table_build(&x->t, &x->m, err) != 0 || dfsp_identity(hf_dir, &x->m.st, identity, err) != 0)
+    x->view = x->m;
+    if (o->spine_int8) {
+        if (spineq_plan(&x->q, &x->m, err) != 0)
+            goto out;
+        spineq_view(&x->q, &x->m, &x->view);
+        st->spine_mats = x->q.nmat;
+        st->spine_in = x->q.bytes_in;
+        st->spine_out = x->q.bytes_out;
+    }
+    if (blob_table_build(&x->t, &x->view, err) != 0 || dfsp_identity(hf_dir, &x->m.st, identity, err) != 0)
         goto out;
     if (mkdir(store_dir, 0755) != 0 && errno != EEXIST) {
         errbuf_errno(err, store_dir);
         goto out;
     }
-    if (plan_drives(&x->p, store_dir, o, identity, err) != 0 || existing(store_dir, identity, &same, err) != 0)
+    if (plan_drives(&x->p, store_dir, o, identity, err) != 0 ||
+        existing(store_dir, identity, o->spine_int8, &same, err) != 0)
         goto out;
     st->blobs = x->t.n;
     if (same) {
@@ -542,7 +577,8 @@ int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_o
         goto out;
     }
     if (ftell(x->jf) == 0)
-        fprintf(x->jf, "dfsp-journal %s %d %d\n", identity, x->p.ndrives, x->p.mirrors);
+        fprintf(x->jf, "dfsp-journal %s %d %d%s\n", identity, x->p.ndrives, x->p.mirrors,
+                x->p.spine_int8 ? " int8" : "");
     if ((rc = write_blobs(x, &st->bytes, err)) != 0)
         goto out;
     rc = -1;
@@ -566,6 +602,7 @@ out:
     free(x->sums);
     free(x->img);
     blob_table_free(&x->t);
+    spineq_free(&x->q);
     model_free(&x->m);
     free(x);
     return rc;
@@ -674,6 +711,7 @@ int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf
     if (rc != 0)
         return -1;
     memcpy(info->identity, man.identity, sizeof info->identity);
+    info->spine_int8 = man.spine_int8;
     info->npacks = man.npacks;
     info->ndrives = man.ndrives;
     info->mirrors = man.mirrors;

@@ -7,7 +7,9 @@
  * brings a whole expert. Blobs are striped over the drives in order; with mirrors each blob is
  * on N consecutive drives. The manifest records, per blob, its kind, layer, expert, size, xxh3
  * checksum, copies (pack, offset) and tensors (name, dtype, shape, offset); and the source's
- * identity (SHA-256 over config.json and every safetensors header).
+ * identity (SHA-256 over config.json and every safetensors header). A store made with
+ * `--spine int8` (spineq.h) says "spine": "int8" and names its packs dfsp-<identity>-int8.pack,
+ * so it never shares a pack, a journal or a folder with the as-released store of the same model.
  *
  * prepare is atomic and resumable: blobs are written at planned offsets and journalled
  * (prepare.journal); a rerun re-verifies journalled blobs and continues; manifest.json appears
@@ -31,11 +33,14 @@ typedef struct dfsp_prepare_opts {
     const char *const *drives; /* drive folders (NULL/0: the store folder itself) */
     int ndrives;
     int mirrors;               /* copies of each blob, 1..ndrives */
+    int spine_int8;            /* layer spines' matrices as INT8 group-32 (spineq.h; opt-in) */
 } dfsp_prepare_opts;
 
 typedef struct dfsp_prepare_stats {
     int blobs, resumed;        /* blobs in the store; verified from an earlier run */
     int already;               /* the store already held this model */
+    int spine_mats;            /* --spine int8: matrices quantized, and their bytes before/after */
+    uint64_t spine_in, spine_out;
     uint64_t bytes;            /* written by this run */
     double seconds;
 } dfsp_prepare_stats;
@@ -68,6 +73,7 @@ typedef struct dfsp_blob {
 typedef struct dfsp_manifest {
     char identity[65];
     int ndrives, mirrors, npacks;
+    int spine_int8;           /* "spine": "int8" (absent: as released) */
     char pack_path[STORE_MAX_PACKS][1024]; /* as written: absolute, or relative to the store */
     int pack_drive[STORE_MAX_PACKS];
     uint64_t pack_size[STORE_MAX_PACKS];
@@ -86,6 +92,7 @@ typedef struct dfsp_info {
     char pack_path[STORE_MAX_PACKS][1024];
     int pack_drive[STORE_MAX_PACKS];
     int ndrives, mirrors;
+    int spine_int8;
     char identity[65];
 } dfsp_info;
 
