@@ -26,7 +26,8 @@ static const char *HELP =
     "For each drive folder: O_DIRECT sequential read bandwidth at several request sizes and queue\n"
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
     "1G) that is removed afterwards; --verbose prints the whole size x depth grid. The smallest\n"
-    "request x depth within 5% of the best is saved as DIR/" IO_TUNE_FILE ": the weight store\n"
+    "request x depth within 5% of the best (and again within 5% when measured once more against the\n"
+    "best) is saved as DIR/" IO_TUNE_FILE ": the weight store\n"
     "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, the same\n"
     "grid of random reads of it is measured too (cold model data, each cell at most 2 s), and the\n"
     "tuning is picked from that grid; its best is saved beside the tuning, and run --stats puts\n"
@@ -134,6 +135,42 @@ static void grid_pick(double g[3][6], double best, uint64_t *req, int *depth, do
                 *depth = grid_depth[b];
                 *gbps = g[a][b];
             }
+}
+
+/* grid_pick's choice measured again against the grid's best cell, alternately, twice each (same
+ * reads as the grid's): this VM's disk swings by a third between cells seconds apart, so a small
+ * request x depth can look within 5% of the best on one short cell and then run decode at half
+ * the rate (2026-12-01: 128 KiB x 16 picked at 1.85 GB/s, 1.32 on the next grid). The pick
+ * stands if it is within 5% of the best again, else the best cell is taken. -1 on a read error. */
+static int grid_confirm(const char *path, uint64_t span, uint64_t size, int random, double max_s, double g[3][6],
+                        uint64_t *req, int *depth, double *gbps, int verbose, errbuf *err)
+{
+    int ba = 0, bb = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 6; b++)
+            if (g[a][b] > g[ba][bb]) {
+                ba = a;
+                bb = b;
+            }
+    if (grid_req[ba] == *req && grid_depth[bb] == *depth)
+        return 0;
+    double pick = 0, best = 0;
+    for (int k = 0; k < 4; k++) {
+        uint64_t q = k % 2 ? grid_req[ba] : *req;
+        double v = read_bw(path, span, size / q * q, q, k % 2 ? grid_depth[bb] : *depth, random, max_s, err);
+        if (v < 0)
+            return -1;
+        *(k % 2 ? &best : &pick) += v / 2;
+    }
+    if (verbose)
+        fprintf(stderr, "  again: %llu KiB x %d %.2f GB/s, %llu KiB x %d %.2f GB/s\n", (unsigned long long)(*req >> 10),
+                *depth, pick, (unsigned long long)(grid_req[ba] >> 10), grid_depth[bb], best);
+    if (pick < 0.95 * best) {
+        *req = grid_req[ba];
+        *depth = grid_depth[bb];
+        *gbps = g[ba][bb]; /* the grid's figure, like the pick's */
+    }
+    return 0;
 }
 
 static void grid_print(const char *what, double g[3][6])
@@ -249,16 +286,19 @@ int cmd_doctor(int argc, char **argv)
             double grid[3][6], best = grid_run(path, size, size, 0, 0, grid, &err), p50, p99;
             if (verbose && best > 0)
                 grid_print(d, grid);
+            uint64_t br = 0;
+            int bd = 0, bad = best <= 0;
+            double bg = 0;
+            if (!bad) {
+                grid_pick(grid, best, &br, &bd, &bg);
+                bad = grid_confirm(path, size, size, 0, 0, grid, &br, &bd, &bg, verbose, &err) != 0;
+            }
             rand_lat(path, size, &p50, &p99, &err);
             unlink(path);
-            if (best <= 0) {
+            if (bad) {
                 errbuf_set(&err, "%s: could not read the test file", d);
                 return cli_fail(cmd, &err);
             }
-            uint64_t br;
-            int bd;
-            double bg;
-            grid_pick(grid, best, &br, &bd, &bg);
             /* cold model data: when a store's pack is in the folder, the same grid of random reads
              * of it (each cell at most 2 s), and the tuning is picked on that grid, the store's own
              * access pattern, instead: a just-written file can read faster than cold data */
@@ -275,6 +315,11 @@ int cmd_doctor(int argc, char **argv)
                 if (verbose)
                     grid_print(pack, cg);
                 grid_pick(cg, cold, &br, &bd, &bg);
+                if (grid_confirm(pack, pack_size, pack_size < size ? pack_size : size, 1, 2.0, cg, &br, &bd, &bg,
+                                 verbose, &err) != 0) {
+                    errbuf_set(&err, "%s: could not read %s", d, pack);
+                    return cli_fail(cmd, &err);
+                }
                 snprintf(cold_s, sizeof cold_s, "%.2f GB/s", cold);
             }
             printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us | %s |\n", d, best,
