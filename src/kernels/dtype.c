@@ -113,22 +113,17 @@ static void dec_mxfp4(const kmat *w, int r, int c0, int c1, float *out)
 static void dec_int4(const kmat *w, int r, int c0, int c1, float *out)
 {
     const uint8_t *p = w->data + (size_t)r * w->row_bytes;
-    const uint8_t *s = w->scale + (size_t)r * w->scale_stride;
     for (int i = c0; i < c1; i++) {
         int q = ((p[i / 2] >> ((i & 1) * 4)) & 0xF) - 8;
-        int g = i / 32;
-        out[i - c0] = (float)q * bf16_to_f32((uint16_t)(s[2 * g] | (s[2 * g + 1] << 8)));
+        out[i - c0] = (float)q * kmat_group_scale(w, r, i / 32);
     }
 }
 
 static void dec_int8(const kmat *w, int r, int c0, int c1, float *out)
 {
     const int8_t *p = (const int8_t *)(w->data + (size_t)r * w->row_bytes);
-    const uint8_t *s = w->scale + (size_t)r * w->scale_stride;
-    for (int i = c0; i < c1; i++) {
-        int g = i / 32;
-        out[i - c0] = (float)p[i] * bf16_to_f32((uint16_t)(s[2 * g] | (s[2 * g + 1] << 8)));
-    }
+    for (int i = c0; i < c1; i++)
+        out[i - c0] = (float)p[i] * kmat_group_scale(w, r, i / 32);
 }
 
 static void dec_fp8(const kmat *w, int r, int c0, int c1, float *out)

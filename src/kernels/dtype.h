@@ -76,6 +76,12 @@ static inline float bf16_to_f32(uint16_t h)
     return f;
 }
 float f16_to_f32(uint16_t h);
+/* INT4's and INT8's BF16 scale of row r, columns 32g .. 32g+31. */
+static inline float kmat_group_scale(const kmat *w, int r, int g)
+{
+    const uint8_t *s = w->scale + (size_t)r * w->scale_stride + 2 * (size_t)g;
+    return bf16_to_f32((uint16_t)(s[0] | (s[1] << 8)));
+}
 float e4m3_to_f32(uint8_t b);            /* 0x7F and 0xFF are NaN */
 extern const float e2m1_table[16];       /* index = 4-bit code, 8 is -0 */
 float e8m0_to_f32(uint8_t s);            /* 2^(s-127); 255 is NaN */

@@ -119,11 +119,7 @@ INLINE __m256 plain_scale(int fmt, const kmat *w, int r, int i)
 {
     if (fmt == WF_FP8B128)
         return fp8_s256(w, r, i);
-    if (fmt == WF_INT8G32) {
-        const uint8_t *s = w->scale + (size_t)r * w->scale_stride + 2 * (size_t)(i / 32);
-        return _mm256_set1_ps(bf16_to_f32((uint16_t)(s[0] | (s[1] << 8))));
-    }
-    return _mm256_set1_ps(1.0f);
+    return _mm256_set1_ps(fmt == WF_INT8G32 ? kmat_group_scale(w, r, i / 32) : 1.0f);
 }
 
 /* the 64 partial sums of kern.h for one row: lanes 8k..8k+7 in r[k] */
@@ -275,35 +271,10 @@ INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
     }
 }
 
-static void decode_seq(const kmat *w, int r, float *o)
-{
-    int n = w->cols, i = 0;
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    for (; i + 8 <= n; i += 8) {
-        __m256 s = plain_scale(w->fmt, w, r, i);
-        __m256 v = w->fmt == WF_F32       ? ld_plain(WF_F32, row, i, s)
-                   : w->fmt == WF_BF16    ? ld_plain(WF_BF16, row, i, s)
-                   : w->fmt == WF_F16     ? ld_plain(WF_F16, row, i, s)
-                   : w->fmt == WF_INT8G32 ? ld_plain(WF_INT8G32, row, i, s)
-                                          : ld_plain(WF_FP8B128, row, i, s);
-        _mm256_storeu_ps(o + i, v);
-    }
-    if (i < n)
-        wfmt_table[w->fmt].decode(w, r, i, n, o + i);
-}
-
-static void avx2_decode_rows(const kmat *w, int r0, int r1, float *out)
-{
-    for (int r = r0; r < r1; r++) {
-        float *o = out + (size_t)(r - r0) * (size_t)w->cols;
-        if (w->fmt == WF_MXFP4 || w->fmt == WF_INT4G32)
-            wfmt_table[w->fmt].decode(w, r, 0, w->cols, o);
-        else
-            decode_seq(w, r, o);
-    }
-}
-
 #define ISA_DOT avx2_dot
+#define ISA_VEC __m256
+#define ISA_LANES 8
+#define ISA_STORE _mm256_storeu_ps
 #include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)
@@ -350,7 +321,7 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
     }
 }
 
-static const kern_ops ops = {"avx2", isa_matmul, avx2_dot, avx2_decode_rows, avx2_axpy, avx2_kda_step};
+static const kern_ops ops = {"avx2", isa_matmul, avx2_dot, isa_decode_rows, avx2_axpy, avx2_kda_step};
 
 const kern_ops *kern_avx2(void)
 {

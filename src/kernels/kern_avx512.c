@@ -115,11 +115,7 @@ INLINE __m512 plain_scale(int fmt, const kmat *w, int r, int i)
 {
     if (fmt == WF_FP8B128)
         return fp8_s256(w, r, i);
-    if (fmt == WF_INT8G32) {
-        const uint8_t *s = w->scale + (size_t)r * w->scale_stride + 2 * (size_t)(i / 32);
-        return _mm512_set1_ps(bf16_to_f32((uint16_t)(s[0] | (s[1] << 8))));
-    }
-    return _mm512_set1_ps(1.0f);
+    return _mm512_set1_ps(fmt == WF_INT8G32 ? kmat_group_scale(w, r, i / 32) : 1.0f);
 }
 
 /* the 64 partial sums of kern.h for one row: lanes 16k..16k+15 in z[k] */
@@ -234,40 +230,10 @@ INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float 
 
 /* ---- entry points ---- */
 
-static void decode_seq(const kmat *w, int r, float *o)
-{
-    int n = w->cols, i = 0;
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    switch (w->fmt) {
-    case WF_F32:
-    case WF_BF16:
-    case WF_F16:
-    case WF_FP8B128:
-    case WF_INT8G32:
-        for (; i + 16 <= n; i += 16) {
-            __m512 s = plain_scale(w->fmt, w, r, i);
-            __m512 v = w->fmt == WF_F32      ? ld_plain(WF_F32, row, i, s)
-                       : w->fmt == WF_BF16   ? ld_plain(WF_BF16, row, i, s)
-                       : w->fmt == WF_F16    ? ld_plain(WF_F16, row, i, s)
-                       : w->fmt == WF_INT8G32 ? ld_plain(WF_INT8G32, row, i, s)
-                                             : ld_plain(WF_FP8B128, row, i, s);
-            _mm512_storeu_ps(o + i, v);
-        }
-        break;
-    default:
-        break;
-    }
-    if (i < n)
-        wfmt_table[w->fmt].decode(w, r, i, n, o + i);
-}
-
-static void avx512_decode_rows(const kmat *w, int r0, int r1, float *out)
-{
-    for (int r = r0; r < r1; r++)
-        decode_seq(w, r, out + (size_t)(r - r0) * (size_t)w->cols);
-}
-
 #define ISA_DOT avx512_dot
+#define ISA_VEC __m512
+#define ISA_LANES 16
+#define ISA_STORE _mm512_storeu_ps
 #include "kernels/kern_matmul.inc"
 
 static void avx512_axpy(float *y, const float *x, float a, int n)
@@ -316,7 +282,7 @@ static void avx512_kda_step(float *S, int d, const float *k, const float *v, con
     }
 }
 
-static const kern_ops ops = {"avx512", isa_matmul, avx512_dot, avx512_decode_rows, avx512_axpy, avx512_kda_step};
+static const kern_ops ops = {"avx512", isa_matmul, avx512_dot, isa_decode_rows, avx512_axpy, avx512_kda_step};
 
 const kern_ops *kern_avx512(void)
 {
