@@ -1066,6 +1066,7 @@ TEST(store_spine_int8)
     free(ref);
     free(ref0);
     model_free(&src);
+    model_free(&dm);
     /* the as-released store of the same model beside it: its own pack and its own logits */
     CHECKF(dfsp_open(plain, &dm, &bt, &info, &err) == 0, "%s", err.msg);
     blob_table_free(&bt);
