@@ -269,3 +269,26 @@ TEST(bad_token_ids_cli)
     snprintf(cmd, sizeof cmd, "%s frobnicate", tu_bin());
     CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "unknown command"), "%s", out);
 }
+
+/* an I8 matrix (what prepare --spine int8 writes) needs its BF16 group scales, of the right shape */
+TEST(bad_int8_scales)
+{
+    ckpt c;
+    CHECK(ckpt_open(&c) == 0);
+    const char *name = "language_model.model.layers.0.mlp.down_proj.weight"; /* BF16 [192, 512] */
+    json_t *e = entry(&c, name), *off = json_object_get(e, "data_offsets");
+    json_int_t b = json_integer_value(json_array_get(off, 0));
+    json_object_set_new(e, "dtype", json_string("I8"));
+    json_array_set_new(off, 1, json_integer(b + 192 * 512)); /* the first half of its bytes */
+    char *d = dirname_for("int8-noscale");
+    write_model(d, c.hdr, c.data, c.data_len, 0, NULL);
+    expect_error(d, (const char *const[]){"model.safetensors", name, "weight_scale", NULL});
+    /* scales in the second half, F32 instead of BF16 */
+    json_t *s = json_pack("{s:s, s:[i, i], s:[I, I]}", "dtype", "F32", "shape", 192, 16, "data_offsets",
+                          (json_int_t)(b + 192 * 512), (json_int_t)(b + 192 * 512 + 192 * 16 * 4));
+    json_object_set_new(c.hdr, "language_model.model.layers.0.mlp.down_proj.weight_scale", s);
+    d = dirname_for("int8-f32scale");
+    write_model(d, c.hdr, c.data, c.data_len, 0, NULL);
+    expect_error(d, (const char *const[]){"model.safetensors", "down_proj.weight_scale", "expected BF16", NULL});
+    ckpt_close(&c);
+}

@@ -1030,6 +1030,8 @@ TEST(store_spine_int8)
     snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --drives %s --spine int8", tu_bin(), q8,
              drive);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "prepare: spine int8: "), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s doctor --model %s", tu_bin(), q8);
+    CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "every copy of every blob matches"), "%s", out);
     const char *dr[1] = {drive};
     dfsp_prepare_opts o = {dr, 1, 1, 0};
     dfsp_prepare_stats ps;
