@@ -549,7 +549,7 @@ int dfsp_prepare(const char *hf_dir, const char *store_dir, const dfsp_prepare_o
         goto out;
     }
     if (plan_drives(&x->p, store_dir, o, identity, err) != 0 ||
-        existing(store_dir, identity, o->spine_int8, &same, err) != 0)
+        existing(store_dir, identity, x->p.spine_int8, &same, err) != 0)
         goto out;
     st->blobs = x->t.n;
     if (same) {
