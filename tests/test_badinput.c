@@ -290,5 +290,42 @@ TEST(bad_int8_scales)
     d = dirname_for("int8-f32scale");
     write_model(d, c.hdr, c.data, c.data_len, 0, NULL);
     expect_error(d, (const char *const[]){"model.safetensors", "down_proj.weight_scale", "expected BF16", NULL});
+    /* BF16 scales, but a zero point beside them: asymmetric INT8 is not this format */
+    json_object_set_new(s, "dtype", json_string("BF16"));
+    json_array_set_new(json_object_get(s, "data_offsets"), 1, json_integer(b + 192 * 512 + 192 * 16 * 2));
+    json_t *zp = json_pack("{s:s, s:[i, i], s:[I, I]}", "dtype", "I8", "shape", 192, 16, "data_offsets",
+                           (json_int_t)(b + 192 * 512 + 192 * 16 * 2), (json_int_t)(b + 192 * 512 + 192 * 16 * 3));
+    json_object_set_new(c.hdr, "language_model.model.layers.0.mlp.down_proj.weight_zero_point", zp);
+    d = dirname_for("int8-zeropoint");
+    write_model(d, c.hdr, c.data, c.data_len, 0, NULL);
+    expect_error(d, (const char *const[]){"model.safetensors", "weight_zero_point", "symmetric", NULL});
     ckpt_close(&c);
+}
+
+/* prepare --spine int8 refuses a non-finite weight in a matrix it would code, naming it, before it
+ * writes anything (found while writing, it would leave a store that fails there on every rerun) */
+TEST(bad_int8_nonfinite_weight)
+{
+    ckpt c;
+    CHECK(ckpt_open(&c) == 0);
+    const char *name = "language_model.model.layers.0.mlp.up_proj.weight"; /* BF16 [512, 192] */
+    json_t *off = json_object_get(entry(&c, name), "data_offsets");
+    CHECK(off);
+    size_t at = (size_t)json_integer_value(json_array_get(off, 0)) + 2 * (7 * 192 + 40);
+    uint8_t *data = malloc(c.data_len);
+    CHECK(data);
+    memcpy(data, c.data, c.data_len);
+    data[at] = 0xC0; /* BF16 0x7FC0: NaN at row 7, column 40 */
+    data[at + 1] = 0x7F;
+    char *d = dirname_for("int8-nan"), out_dir[4200], cmd[9000], out[4096];
+    write_model(d, c.hdr, data, c.data_len, 0, NULL);
+    free(data);
+    ckpt_close(&c);
+    snprintf(out_dir, sizeof out_dir, "%s-store", d);
+    snprintf(cmd, sizeof cmd, "%s prepare --model %s --out %s --spine int8", tu_bin(), d, out_dir);
+    int st = tu_run(cmd, out, sizeof out);
+    CHECKF(st == 1 && strstr(out, name) && strstr(out, "row 7 column 40") && strstr(out, "not finite"), "status %d: %s",
+           st, out);
+    struct stat sb;
+    CHECKF(stat(out_dir, &sb) != 0, "%s was created", out_dir);
 }

@@ -1091,6 +1091,11 @@ TEST(store_spine_int8)
     CHECKF(strstr(err.msg, "journal") && strstr(err.msg, "with --spine int8"), "%s", err.msg);
     snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --spine int8", tu_bin(), part);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "5 verified from an earlier run"), "%s", out);
+    /* a model with nothing to code (FP8 and too-narrow matrices) is refused before anything is written */
+    char *none = dir_in_tmp("int8-none");
+    o.spine_int8 = 1;
+    CHECK(dfsp_prepare(test_data("oracle/deepseek_v3-fp8"), none, &o, &ps, &err) != 0);
+    CHECKF(strstr(err.msg, "nothing to code") && access(none, F_OK) != 0, "%s", err.msg);
     snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --spine int4", tu_bin(), part);
     CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--spine must be as-released or int8"), "%s", out);
 }

@@ -286,12 +286,17 @@ int cmd_doctor(int argc, char **argv)
             double grid[3][6], best = grid_run(path, size, size, 0, 0, grid, &err), p50, p99;
             if (verbose && best > 0)
                 grid_print(d, grid);
-            uint64_t br = 0;
-            int bd = 0, bad = best <= 0;
+            /* cold model data: when a store's pack is in the folder, the same grid of random reads
+             * of it (each cell at most 2 s), and the tuning is picked on that grid, the store's own
+             * access pattern, instead: a just-written file can read faster than cold data */
+            char pack[4200], cold_s[64] = "-";
+            uint64_t pack_size = find_pack(d, pack, sizeof pack), br = 0;
+            int bd = 0, bad = best <= 0, use_pack = pack_size >= 4 * grid_req[2]; /* else too few requests */
             double bg = 0;
             if (!bad) {
                 grid_pick(grid, best, &br, &bd, &bg);
-                bad = grid_confirm(path, size, size, 0, 0, grid, &br, &bd, &bg, verbose, &err) != 0;
+                if (!use_pack)
+                    bad = grid_confirm(path, size, size, 0, 0, grid, &br, &bd, &bg, verbose, &err) != 0;
             }
             rand_lat(path, size, &p50, &p99, &err);
             unlink(path);
@@ -299,13 +304,8 @@ int cmd_doctor(int argc, char **argv)
                 errbuf_set(&err, "%s: could not read the test file", d);
                 return cli_fail(cmd, &err);
             }
-            /* cold model data: when a store's pack is in the folder, the same grid of random reads
-             * of it (each cell at most 2 s), and the tuning is picked on that grid, the store's own
-             * access pattern, instead: a just-written file can read faster than cold data */
-            char pack[4200], cold_s[64] = "-";
-            uint64_t pack_size = find_pack(d, pack, sizeof pack);
             double cold = 0;
-            if (pack_size >= 4 * grid_req[2]) { /* else too few requests to say anything */
+            if (use_pack) {
                 double cg[3][6];
                 cold = grid_run(pack, pack_size, pack_size < size ? pack_size : size, 1, 2.0, cg, &err);
                 if (cold <= 0) {

@@ -119,6 +119,10 @@ static int bind_mat(model *m, kmat *out, int rows, int cols, const char *base, i
                 return errbuf_set(err, "%s: I8 tensor '%s' has no '%s.weight_scale'", file_of(m, w), w->name, base);
             if (want_2d(m, s, ST_BF16, rows, cols / 32, err) != 0)
                 return -1;
+            const st_tensor *zp = findf(m, base, ".weight_zero_point");
+            if (zp)
+                return errbuf_set(err, "%s: I8 tensor '%s' has a zero point ('%s'); only symmetric INT8 is supported",
+                                  file_of(m, zp), w->name, zp->name);
             scale = s->data;
         }
         kmat_init(out, fmt, rows, cols, w->data, scale);

@@ -356,6 +356,8 @@ static int journal_read(const char *path, const char *identity, const plan *p, u
         rc = errbuf_set(err, "%s: the unfinished prepare used %d drives and %d mirrors; rerun with the same "
                              "--drives and --mirrors",
                         path, nd, mi);
+    } else if (sp[0] && strcmp(sp, "int8") != 0) {
+        rc = errbuf_set(err, "%s: unknown spine '%s' in the journal; remove it to start over", path, sp);
     } else if ((strcmp(sp, "int8") == 0) != p->spine_int8) {
         rc = errbuf_set(err, "%s: the unfinished prepare was %s --spine int8; rerun it the same way", path,
                         p->spine_int8 ? "without" : "with");
@@ -507,8 +509,11 @@ static int existing(const char *store_dir, const char *identity, int spine_int8,
         return -1;
     const char *oid = json_string_value(json_object_get(old, "identity"));
     *same = oid && strcmp(oid, identity) == 0;
-    int old_int8 = json_object_get(old, "spine") != NULL;
+    const json_t *sp = json_object_get(old, "spine");
+    int old_int8 = sp != NULL, known = !sp || (json_is_string(sp) && !strcmp(json_string_value(sp), "int8"));
     json_decref(old);
+    if (!known)
+        return errbuf_set(err, "%s: \"spine\" must be \"int8\" when present", path);
     if (!*same)
         return errbuf_set(err, "%s: this store holds another model; refusing to mix (use another folder)", path);
     if (old_int8 != spine_int8)

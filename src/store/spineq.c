@@ -25,11 +25,36 @@ static int whole_tensor(const model *m, const by_addr *idx, const kmat *k)
     const by_addr *hit = bsearch(&key, idx, (size_t)m->st.n, sizeof *idx, cmp_addr);
     if (!hit)
         return -1;
-    const st_tensor *t = &m->st.t[hit->tensor];
-    return t->ndim == 2 && t->shape[0] == k->rows && t->shape[1] == k->cols &&
-                   t->end - t->begin == (uint64_t)k->rows * k->row_bytes
-               ? hit->tensor
-               : -1;
+    while (hit > idx && hit[-1].data == key.data) /* a zero-length tensor may share the address */
+        hit--;
+    for (; hit < idx + m->st.n && hit->data == key.data; hit++) {
+        const st_tensor *t = &m->st.t[hit->tensor];
+        if (t->ndim == 2 && t->shape[0] == k->rows && t->shape[1] == k->cols &&
+            t->end - t->begin == (uint64_t)k->rows * k->row_bytes)
+            return hit->tensor;
+    }
+    return -1;
+}
+
+static int st_fmt(int dtype) { return dtype == ST_BF16 ? WF_BF16 : dtype == ST_F16 ? WF_F16 : WF_F32; }
+
+/* A non-finite weight cannot be coded; found here, before prepare writes anything (found while
+ * writing, it would leave a store that fails at the same blob on every rerun). */
+static int check_finite(const model *m, const st_tensor *t, errbuf *err)
+{
+    int fmt = st_fmt(t->dtype), rows = (int)t->shape[0], cols = (int)t->shape[1];
+    kmat w;
+    kmat_init(&w, fmt, rows, cols, t->data, NULL);
+    float v[32];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c += 32) {
+            wfmt_table[fmt].decode(&w, r, c, c + 32, v);
+            for (int j = 0; j < 32; j++)
+                if (!isfinite(v[j]))
+                    return errbuf_set(err, "%s: tensor '%s' row %d column %d is not finite; --spine int8 cannot code it",
+                                      m->st.files[t->file].path, t->name, r, c + j);
+        }
+    return 0;
 }
 
 /* Marks (want[t] = 1) the spine matrices spineq.h says are quantized. */
@@ -54,8 +79,13 @@ static int choose(const model *m, unsigned char *want, errbuf *err)
                 size_t len = strlen(nm);
                 char sc[600];
                 snprintf(sc, sizeof sc, "%s_scale", nm);
-                /* only "X.weight", and only if "X.weight_scale" is free for the scales */
-                want[t] = len > 7 && !strcmp(nm + len - 7, ".weight") && !st_find(&m->st, sc);
+                /* only "X.weight", and only if "X.weight_scale" is free for the scales (and short
+                 * enough for the loader's name buffers) */
+                want[t] = len > 7 && len + 6 < 500 && !strcmp(nm + len - 7, ".weight") && !st_find(&m->st, sc);
+                if (want[t] && check_finite(m, &m->st.t[t], err) != 0) {
+                    free(idx);
+                    return -1;
+                }
             }
         }
     }
@@ -118,6 +148,12 @@ int spineq_plan(spineq *q, const model *m, errbuf *err)
         q->bytes_in += s->end - s->begin;
         q->bytes_out += d->end + e->end;
     }
+    if (q->nmat == 0) {
+        errbuf_set(err, "%s: no layer matrix is BF16, F16 or F32 with a multiple of 32 columns; --spine int8 has "
+                        "nothing to code (prepare it without)",
+                   m->dir);
+        goto fail;
+    }
     qsort(t, (size_t)q->n, sizeof *t, cmp_name);
     q->src = malloc(sizeof(int) * (size_t)q->n);
     q->role = malloc((size_t)q->n);
@@ -168,7 +204,7 @@ static uint16_t group_scale(float amax)
 int spineq_fill(const spineq *q, const model *m, int i, uint8_t *out, errbuf *err)
 {
     const st_tensor *s = &m->st.t[q->src[i]];
-    int fmt = s->dtype == ST_BF16 ? WF_BF16 : s->dtype == ST_F16 ? WF_F16 : WF_F32;
+    int fmt = st_fmt(s->dtype);
     int rows = (int)s->shape[0], cols = (int)s->shape[1];
     kmat w;
     kmat_init(&w, fmt, rows, cols, s->data, NULL);
@@ -177,12 +213,8 @@ int spineq_fill(const spineq *q, const model *m, int i, uint8_t *out, errbuf *er
         for (int g = 0; g < cols / 32; g++) {
             wfmt_table[fmt].decode(&w, r, 32 * g, 32 * g + 32, v);
             float amax = 0;
-            for (int j = 0; j < 32; j++) {
-                if (!isfinite(v[j]))
-                    return errbuf_set(err, "%s: tensor '%s' row %d column %d is not finite; cannot quantize it",
-                                      m->st.files[s->file].path, s->name, r, 32 * g + j);
-                amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
-            }
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax; /* finite: checked by spineq_plan */
             uint16_t h = group_scale(amax);
             if (q->role[i] == SPINEQ_SCALES) { /* little-endian, as safetensors */
                 uint8_t *o = out + ((size_t)r * (size_t)(cols / 32) + (size_t)g) * 2;

@@ -17,7 +17,8 @@
  *
  * Quantization, per row and group of 32: s = max|w| / 127 rounded up to a BF16 (so no code
  * needs clipping), q = round-to-nearest-even(w / s), and q = 0 where s = 0. A non-finite
- * weight is an error naming the tensor, row and column.
+ * weight is an error naming the tensor, row and column, found by spineq_plan (one read of the
+ * chosen matrices) before anything is written; so is a model with nothing to code.
  */
 #ifndef DF_STORE_SPINEQ_H
 #define DF_STORE_SPINEQ_H
