@@ -1,6 +1,7 @@
 /* dfsp.c — see dfsp.h: the manifest (parse, write), prepare, open. */
 #include "store/dfsp.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -429,8 +430,16 @@ static int write_blobs(prep *x, uint64_t *written_bytes, errbuf *err)
             const blob_part *pt = &x->t.part[bl->first_part + i];
             const st_tensor *tt = &x->view.st.t[pt->tensor];
             if (x->q.role && x->q.role[pt->tensor] != SPINEQ_COPY) {
-                if (spineq_fill(&x->q, &x->m, pt->tensor, x->img + pt->off, err) != 0)
-                    return -1;
+                if (x->q.role[pt->tensor] == SPINEQ_CODES) { /* its scales are in the same blob */
+                    uint8_t *sc = NULL;
+                    for (int k = 0; k < bl->nparts; k++) {
+                        const blob_part *o = &x->t.part[bl->first_part + k];
+                        if (x->q.role[o->tensor] == SPINEQ_SCALES && x->q.src[o->tensor] == x->q.src[pt->tensor])
+                            sc = x->img + o->off;
+                    }
+                    assert(sc);
+                    spineq_fill(&x->q, &x->m, pt->tensor, x->img + pt->off, sc);
+                }
                 continue;
             }
             if (file_pread_full(x->src_fd[tt->file], x->img + pt->off, pt->len, tt->file_off) != 0)

@@ -201,7 +201,7 @@ static uint16_t group_scale(float amax)
     return h;
 }
 
-int spineq_fill(const spineq *q, const model *m, int i, uint8_t *out, errbuf *err)
+void spineq_fill(const spineq *q, const model *m, int i, uint8_t *codes, uint8_t *scales)
 {
     const st_tensor *s = &m->st.t[q->src[i]];
     int fmt = st_fmt(s->dtype);
@@ -216,18 +216,14 @@ int spineq_fill(const spineq *q, const model *m, int i, uint8_t *out, errbuf *er
             for (int j = 0; j < 32; j++)
                 amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax; /* finite: checked by spineq_plan */
             uint16_t h = group_scale(amax);
-            if (q->role[i] == SPINEQ_SCALES) { /* little-endian, as safetensors */
-                uint8_t *o = out + ((size_t)r * (size_t)(cols / 32) + (size_t)g) * 2;
-                o[0] = (uint8_t)(h & 0xFF);
-                o[1] = (uint8_t)(h >> 8);
-                continue;
-            }
+            uint8_t *so = scales + ((size_t)r * (size_t)(cols / 32) + (size_t)g) * 2;
+            so[0] = (uint8_t)(h & 0xFF); /* little-endian, as safetensors */
+            so[1] = (uint8_t)(h >> 8);
             float sc = bf16_to_f32(h);
-            int8_t *o = (int8_t *)out + (size_t)r * (size_t)cols + 32 * (size_t)g;
+            int8_t *o = (int8_t *)codes + (size_t)r * (size_t)cols + 32 * (size_t)g;
             for (int j = 0; j < 32; j++) {
                 long c = sc > 0 ? lrintf(v[j] / sc) : 0;
                 o[j] = (int8_t)(c > 127 ? 127 : c < -127 ? -127 : c);
             }
         }
-    return 0;
 }

@@ -45,7 +45,8 @@ void spineq_free(spineq *q);
 /* A shallow copy of m whose tensor list is q's (for blob_table_build and the manifest); it
  * shares everything else with m and is never passed to model_free. */
 void spineq_view(const spineq *q, const model *m, model *view);
-/* The bytes of store tensor i (role CODES or SCALES) into out (its byte length). */
-int spineq_fill(const spineq *q, const model *m, int i, uint8_t *out, errbuf *err);
+/* The bytes of store tensor i (role CODES) into codes, and those of its SCALES tensor into scales
+ * (each its byte length), in one pass over the source matrix. */
+void spineq_fill(const spineq *q, const model *m, int i, uint8_t *codes, uint8_t *scales);
 
 #endif
