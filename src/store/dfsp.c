@@ -85,7 +85,16 @@ static int64_t uint_at(const json_t *v, int64_t max)
     return x < 0 || x > max ? -1 : (int64_t)x;
 }
 
-enum { MAX_SIZE_BITS = 50 }; /* a blob or pack above 1 PB is not a checkpoint */
+enum { MAX_SIZE_BITS = 50 };
+
+/* a manifest's "spine": absent (as released, 0) or "int8" (1); anything else -1 */
+static int spine_of(const json_t *man)
+{
+    const json_t *sp = json_object_get(man, "spine");
+    if (!sp)
+        return 0;
+    return json_is_string(sp) && !strcmp(json_string_value(sp), "int8") ? 1 : -1;
+} /* a blob or pack above 1 PB is not a checkpoint */
 
 static int parse_tensor(const json_t *e, const char *where, size_t b, size_t i, uint64_t size, dfsp_tensor *t,
                         errbuf *err)
@@ -167,10 +176,8 @@ int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *m, 
         return errbuf_set(err, "%s: needs identity (sha256 hex), drives (1..%d), mirrors (1..drives), packs (1..%d) "
                                "and blobs",
                           where, IO_MAX_DRIVES, STORE_MAX_PACKS);
-    const json_t *spine = json_object_get(man, "spine");
-    if (spine && !(json_is_string(spine) && !strcmp(json_string_value(spine), "int8")))
+    if ((m->spine_int8 = spine_of(man)) < 0)
         return errbuf_set(err, "%s: \"spine\" must be \"int8\" when present", where);
-    m->spine_int8 = spine != NULL;
     memcpy(m->identity, id, 65);
     m->ndrives = (int)drives;
     m->mirrors = (int)mirrors;
@@ -518,10 +525,9 @@ static int existing(const char *store_dir, const char *identity, int spine_int8,
         return -1;
     const char *oid = json_string_value(json_object_get(old, "identity"));
     *same = oid && strcmp(oid, identity) == 0;
-    const json_t *sp = json_object_get(old, "spine");
-    int old_int8 = sp != NULL, known = !sp || (json_is_string(sp) && !strcmp(json_string_value(sp), "int8"));
+    int old_int8 = spine_of(old);
     json_decref(old);
-    if (!known)
+    if (old_int8 < 0)
         return errbuf_set(err, "%s: \"spine\" must be \"int8\" when present", path);
     if (!*same)
         return errbuf_set(err, "%s: this store holds another model; refusing to mix (use another folder)", path);
