@@ -7,7 +7,11 @@
  * decode; rounds alternate with a round of the read measurement, and both figures are medians
  * over the rounds (see bench_shape).
  *
+ * With --tokens T (T > 1: prefill- and verify-shaped, T activation rows per call) the kernels are
+ * compute-bound, and the ratio is to the FMA peak the same rounds measure instead (fma_once).
+ *
  * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS] [--in-cache]
+ *                   [--tokens T]
  * (--shape: any shape, columns a multiple of 32; --in-cache: see bench_shape)
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
@@ -81,18 +85,72 @@ static double read_once(pool *p, struct read_job *j)
     return best;
 }
 
+/* The FMA peak of this moment, GFLOPS with the pool's threads: independent chains of vector
+ * FMAs on registers, as wide as the kernels' own (16 lanes for avx512, else 8), ten per thread so
+ * that latency never binds. */
+__attribute__((target("avx512f"))) static float fma_chains512(long n)
+{
+    __m512 a[10], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int k = 0; k < 10; k++)
+        a[k] = _mm512_set1_ps((float)k);
+    for (long i = 0; i < n; i++)
+        _Pragma("GCC unroll 10") for (int k = 0; k < 10; k++) a[k] = _mm512_fmadd_ps(a[k], m, c);
+    for (int k = 1; k < 10; k++)
+        a[0] = _mm512_add_ps(a[0], a[k]);
+    return _mm512_reduce_add_ps(a[0]);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_chains256(long n)
+{
+    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < 10; k++)
+        a[k] = _mm256_set1_ps((float)k);
+    for (long i = 0; i < n; i++)
+        _Pragma("GCC unroll 10") for (int k = 0; k < 10; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
+    float s[8];
+    for (int k = 1; k < 10; k++)
+        a[0] = _mm256_add_ps(a[0], a[k]);
+    _mm256_storeu_ps(s, a[0]);
+    return s[0] + s[7];
+}
+
+enum { FMA_ITERS = 1 << 22 };
+struct fma_job {
+    int wide;
+    float sink[64];
+};
+
+static void fma_part(void *ctx, int b, int e, int tid)
+{
+    struct fma_job *j = ctx;
+    (void)tid;
+    for (int i = b; i < e; i++)
+        j->sink[i] = j->wide ? fma_chains512(FMA_ITERS) : fma_chains256(FMA_ITERS);
+}
+
+static double fma_once(pool *p, int wide)
+{
+    struct fma_job j = {wide, {0}};
+    int n = pool_size(p);
+    double t0 = timer_now();
+    pool_for(p, n, fma_part, &j);
+    return (double)n * FMA_ITERS * 10 * (wide ? 16 : 8) * 2 / (timer_now() - t0) / 1e9;
+}
+
 struct mm_job {
     const kern_ops *k;
     const kmat *w;
     const float *x;
     float *y;
     pool *p;
+    int T;
 };
 
 static void mm_part(void *ctx, int r0, int r1, int tid)
 {
     struct mm_job *j = ctx;
-    j->k->matmul(j->w, r0, r1, j->x, (size_t)j->w->cols, 1, j->y + r0, (size_t)j->w->rows, pool_scratch(j->p, tid));
+    j->k->matmul(j->w, r0, r1, j->x, (size_t)j->w->cols, j->T, j->y + r0, (size_t)j->w->rows,
+                 pool_scratch(j->p, tid));
 }
 
 static void fill_matrix(rng *r, int fmt, int rows, int cols, uint8_t **data, uint8_t **scale)
@@ -139,9 +197,10 @@ static double median(double *v, int n)
 enum { MAX_ROUNDS = 64 };
 
 /* in_cache: the compute ceiling instead: one matrix (small enough for L2, e.g. 256 x 3584) timed
- * over and over, 64 MiB of its weights per round, with no read rounds (no ratio). */
+ * over and over, 64 MiB of its weights per round, with no read rounds (no ratio).
+ * T > 1: T activation rows per call, and FMA-peak rounds instead of read rounds. */
 static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt, int rows, int cols,
-                        double seconds, int in_cache)
+                        double seconds, int in_cache, int T)
 {
     size_t bytes = wfmt_data_bytes(fmt, rows, cols) + wfmt_scale_bytes(fmt, rows, cols);
     int nm = in_cache ? 1 : (int)(SET_BYTES / bytes) + 1, reps = in_cache ? (int)((64u << 20) / bytes) + 1 : 1;
@@ -153,10 +212,12 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
         fill_matrix(&r, fmt, rows, cols, &d[i], &s[i]);
         kmat_init(&m[i], fmt, rows, cols, d[i], s[i]);
     }
-    float *x = aligned_alloc(64, sizeof(float) * (size_t)cols), *y = aligned_alloc(64, sizeof(float) * (size_t)rows);
-    for (int i = 0; i < cols; i++)
+    float *x = aligned_alloc(64, sizeof(float) * (size_t)cols * T),
+          *y = aligned_alloc(64, sizeof(float) * (size_t)rows * T);
+    for (int i = 0; i < cols * T; i++)
         x[i] = (float)rng_normal(&r);
-    struct mm_job j = {k, NULL, x, y, p};
+    struct mm_job j = {k, NULL, x, y, p, T};
+    int wide = !strcmp(k->name, "avx512");
     for (int i = 0; i < nm; i++) { /* warm the page tables, not the caches (the set is 1 GiB) */
         j.w = &m[i];
         pool_for(p, rows, mm_part, &j);
@@ -164,7 +225,7 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     double rd[MAX_ROUNDS], mm[MAX_ROUNDS], t0 = timer_now();
     int n = 0;
     do {
-        rd[n] = in_cache ? 0 : read_once(p, rj);
+        rd[n] = in_cache ? 0 : T > 1 ? fma_once(p, wide) : read_once(p, rj);
         double t1 = timer_now();
         for (int q = 0; q < reps; q++)
             for (int i = 0; i < nm; i++) {
@@ -175,11 +236,15 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
         n++;
     } while (n < MAX_ROUNDS && (n < 5 || timer_now() - t0 < seconds));
     double bw = median(rd, n), gbs = median(mm, n), per = (double)bytes / gbs / 1e9;
-    printf("| %-6s | %5d x %-5d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, pool_size(p), n, per * 1e6);
+    double gflops = 2.0 * rows * cols * T / per / 1e9;
+    printf("| %-6s | %5d x %-5d | %2d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, T, pool_size(p), n,
+           per * 1e6);
     if (in_cache)
-        printf("    - | %7.1f | %6.1f |    - |\n", gbs, 2.0 * rows * cols / per / 1e9);
+        printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
+    else if (T > 1)
+        printf("%5.0f | %7.1f | %6.1f | %.2f |\n", bw, gbs, gflops, gflops / bw);
     else
-        printf("%5.1f | %7.1f | %6.1f | %.2f |\n", bw, gbs, 2.0 * rows * cols / per / 1e9, gbs / bw);
+        printf("%5.1f | %7.1f | %6.1f | %.2f |\n", bw, gbs, gflops, gbs / bw);
     for (int i = 0; i < nm; i++) {
         free(d[i]);
         free(s[i]);
@@ -195,7 +260,7 @@ int main(int argc, char **argv)
 {
     const char *kname = NULL;
     double seconds = 2.0;
-    int only_r = 0, only_c = 0, in_cache = 0;
+    int only_r = 0, only_c = 0, in_cache = 0, T = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
             kname = argv[++i];
@@ -203,11 +268,14 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--in-cache"))
             in_cache = 1;
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 256)
+            T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &only_r, &only_c) == 2 &&
                  only_r > 0 && only_c > 0 && only_c % 32 == 0)
             i++;
         else {
-            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--in-cache]\n");
+            fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--in-cache] "
+                            "[--tokens 1..256]\n");
             return 2;
         }
     }
@@ -233,15 +301,19 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_gemv: %s\n", err.msg);
             return 1;
         }
-        printf("| format | rows x cols   | threads | rounds | us/call | read GB/s | GEMV GB/s | GFLOPS "
-               "| ratio to read bw |\n");
-        printf("|--------|---------------|---|-----|----------|-------|---------|--------|------|\n");
+        if (T > 1)
+            printf("| format | rows x cols   | tokens | threads | rounds | us/call | FMA peak GFLOPS | weight GB/s "
+                   "| GFLOPS | ratio to FMA peak |\n");
+        else
+            printf("| format | rows x cols   | tokens | threads | rounds | us/call | read GB/s | GEMV GB/s | GFLOPS "
+                   "| ratio to read bw |\n");
+        printf("|--------|---------------|----|---|-----|----------|-------|---------|--------|------|\n");
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
             if (only_r) /* any shape (cols a multiple of 32) */
-                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds, in_cache);
+                bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds, in_cache, T);
             else
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds, in_cache);
+                    bench_shape(k, p, &rj, fmts[f], shapes[s][0], shapes[s][1], seconds, in_cache, T);
         printf("\n");
         pool_free(p);
     }

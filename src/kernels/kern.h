@@ -53,10 +53,15 @@ typedef struct kern_ops {
                      float *o, float *u);
 } kern_ops;
 
-/* Tokens per group in the T > 1 matrix path, and the per-thread scratch a matmul needs for a
- * matrix of `cols` columns (activations of one group in lane order + one decoded row). */
-enum { KERN_TB = 8 };
-static inline size_t kern_scratch_floats(size_t cols) { return (KERN_TB + 1) * cols + 64; }
+/* Tokens per group in the T > 1 matrix path and rows per block (its partial sums are carried in
+ * scratch from one column pass to the next), and the per-thread scratch a matmul needs for a
+ * matrix of `cols` columns: one group's activations in lane order, one decoded row span, and the
+ * 64 partial sums of every row and token of a block (64-byte aligned). */
+enum { KERN_TB = 8, KERN_RB = 16 };
+static inline size_t kern_scratch_floats(size_t cols)
+{
+    return (KERN_TB + 1) * cols + 16 + (size_t)KERN_RB * KERN_TB * 64 + 64;
+}
 
 extern const kern_ops kern_scalar;
 /* The reference KDA step (also used by SIMD tables for head sizes they do not vectorise). */

@@ -5,7 +5,7 @@
  * added with blended FMAs (lanes past the end are left untouched). 4-bit codes use the nibble
  * lane order of kern.h and 8-entry vpermps tables: INT4 two of them (code bit 3 picks the table),
  * MXFP4 one of magnitudes with code bit 3 as the sign (nib_sel_sm), so -0 and every scale multiply
- * match the scalar decoder's bits. T > 1 decodes a row once into scratch.
+ * match the scalar decoder's bits. T > 1 decodes a row span once into scratch (kern_matmul.inc).
  */
 #include "kernels/kern.h"
 
@@ -259,19 +259,39 @@ INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float 
     *a = t;
 }
 
-INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
+/* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
+ * multiples of 32). */
+INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o)
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
-    for (int i = 0; i < w->cols; i += 32) {
+    for (int i = c0; i < c1; i += 32) {
         __m256 v[4];
         nib_group(fmt, a, s, i / 32, v);
         UNROLL
         for (int k = 0; k < 4; k++)
-            _mm256_storeu_ps(o + i + 8 * k, v[k]);
+            _mm256_storeu_ps(o + i - c0 + 8 * k, v[k]);
     }
 }
 
-#define ISA_DOT avx2_dot
+/* T > 1: adds w[0..len) (a decoded span in lane order from a multiple of 64 columns; only a row's
+ * last span has a tail) times one token's activations x to its partial sums. One token at a time:
+ * its eight accumulators and a weight vector already take half of the 16 ymm registers. */
+#define ISA_TOKBLK 1
+static void span_dots(const float *w, int len, const float *x, size_t ldx, int nt, acc_t *acc)
+{
+    (void)ldx;
+    (void)nt;
+    acc_t t = *acc;
+    int i = 0;
+    for (; i + 64 <= len; i += 64)
+        UNROLL
+        for (int k = 0; k < 8; k++)
+            t.r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
+    if (i < len)
+        tail_fma(w + i, x + i, len - i, t.r);
+    *acc = t;
+}
+
 #define ISA_VEC __m256
 #define ISA_LANES 8
 #define ISA_STORE _mm256_storeu_ps

@@ -12,8 +12,9 @@
  * nibbles) to the next, so one zero-extension and one shift index a 16-entry table, with the
  * activations permuted to match once per call. MXFP4 tables (E2M1 x 2^(s-127)) are precomputed
  * for all 256 scale bytes.
- * T > 1 decodes a row once into scratch (exactly, in lane order) and reduces it against each
- * token: the same bits as T = 1.
+ * T > 1 decodes a row span once into scratch (exactly, in lane order) and reduces it against the
+ * tokens four at a time, each weight vector loaded once for the four (kern_matmul.inc's passes):
+ * the same bits as T = 1.
  *
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; called only after
  * kern_select has checked the CPU.
@@ -191,15 +192,16 @@ INLINE void nib_group(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od)
 
 INLINE const uint8_t *nib_srow(const kmat *w, int r) { return w->scale + (size_t)r * w->scale_stride; }
 
-/* Exact decode of row r into lane order (for T > 1 and for tails). */
-INLINE void nib_decode_row(int fmt, const kmat *w, int r, float *o)
+/* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
+ * multiples of 32, as every 4-bit row's length is). */
+INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o)
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = nib_srow(w, r);
-    for (int i = 0; i < w->cols; i += 32) {
+    for (int i = c0; i < c1; i += 32) {
         __m512 ev, od;
         nib_group(row + i / 2, nib_table(fmt, s, i / 32), &ev, &od);
-        _mm512_storeu_ps(o + i, ev);
-        _mm512_storeu_ps(o + i + 16, od);
+        _mm512_storeu_ps(o + i - c0, ev);
+        _mm512_storeu_ps(o + i - c0 + 16, od);
     }
 }
 
@@ -228,9 +230,52 @@ INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float 
     *acc = (acc_t){{z0, z1, z2, z3}};
 }
 
+/* ---- T > 1: one decoded span against several tokens ---- */
+
+/* Adds w[0..len) (a decoded span in lane order, starting at a multiple of 64 columns; only a
+ * row's last span has a tail) times each of NT tokens' activations (x + t * ldx) to that token's
+ * partial sums acc[t]: each weight vector is loaded once for all NT tokens, whose 4 x NT
+ * accumulators stay in registers (NT <= 4: 16 of the 32 zmm). */
+INLINE void dots_nt(const float *w, int len, const float *x, size_t ldx, const int NT, acc_t *acc)
+{
+    __m512 z[4][4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+        z[t][k] = acc[t].z[k];
+    int i = 0;
+    for (; i + 64 <= len; i += 64) {
+        __m512 v[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) v[k] = _mm512_loadu_ps(w + i + 16 * k);
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+            z[t][k] = _mm512_fmadd_ps(v[k], _mm512_loadu_ps(x + (size_t)t * ldx + i + 16 * k), z[t][k]);
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+        acc[t].z[k] = z[t][k];
+    if (i < len)
+        for (int t = 0; t < NT; t++)
+            tail_fma(w + i, x + (size_t)t * ldx + i, len - i, acc[t].z);
+}
+
+#define ISA_TOKBLK 4
+static void span_dots(const float *w, int len, const float *x, size_t ldx, int nt, acc_t *acc)
+{
+    switch (nt) {
+    case 4:
+        dots_nt(w, len, x, ldx, 4, acc);
+        return;
+    case 3:
+        dots_nt(w, len, x, ldx, 3, acc);
+        return;
+    case 2:
+        dots_nt(w, len, x, ldx, 2, acc);
+        return;
+    default:
+        dots_nt(w, len, x, ldx, 1, acc);
+        return;
+    }
+}
+
 /* ---- entry points ---- */
 
-#define ISA_DOT avx512_dot
 #define ISA_VEC __m512
 #define ISA_LANES 16
 #define ISA_STORE _mm512_storeu_ps
