@@ -88,31 +88,22 @@ static double read_once(pool *p, struct read_job *j)
 /* The FMA peak of this moment, GFLOPS with the pool's threads: independent chains of vector
  * FMAs on registers, as wide as the kernels' own (16 lanes for avx512, else 8), ten per thread so
  * that latency never binds. */
-__attribute__((target("avx512f"))) static float fma_chains512(long n)
-{
-    __m512 a[10], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (int k = 0; k < 10; k++)
-        a[k] = _mm512_set1_ps((float)k);
-    for (long i = 0; i < n; i++)
-        _Pragma("GCC unroll 10") for (int k = 0; k < 10; k++) a[k] = _mm512_fmadd_ps(a[k], m, c);
-    for (int k = 1; k < 10; k++)
-        a[0] = _mm512_add_ps(a[0], a[k]);
-    return _mm512_reduce_add_ps(a[0]);
-}
-
-__attribute__((target("avx2,fma"))) static float fma_chains256(long n)
-{
-    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int k = 0; k < 10; k++)
-        a[k] = _mm256_set1_ps((float)k);
-    for (long i = 0; i < n; i++)
-        _Pragma("GCC unroll 10") for (int k = 0; k < 10; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
-    float s[8];
-    for (int k = 1; k < 10; k++)
-        a[0] = _mm256_add_ps(a[0], a[k]);
-    _mm256_storeu_ps(s, a[0]);
-    return s[0] + s[7];
-}
+#define FMA_CHAINS(NAME, TARGET, VEC, SET1, FMADD, ADD, STORE, LANES)                                     \
+    __attribute__((target(TARGET))) static float NAME(long n)                                               \
+    {                                                                                                       \
+        VEC a[10], m = SET1(0.999999f), c = SET1(1e-7f);                                                   \
+        for (int k = 0; k < 10; k++)                                                                        \
+            a[k] = SET1((float)k);                                                                          \
+        for (long i = 0; i < n; i++)                                                                        \
+            _Pragma("GCC unroll 10") for (int k = 0; k < 10; k++) a[k] = FMADD(a[k], m, c);                 \
+        for (int k = 1; k < 10; k++)                                                                        \
+            a[0] = ADD(a[0], a[k]);                                                                         \
+        float s[LANES];                                                                                     \
+        STORE(s, a[0]);                                                                                     \
+        return s[0] + s[LANES - 1];                                                                         \
+    }
+FMA_CHAINS(fma_chains512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, 16)
+FMA_CHAINS(fma_chains256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8)
 
 enum { FMA_ITERS = 1 << 22 };
 struct fma_job {
