@@ -260,11 +260,13 @@ INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float 
 }
 
 /* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
- * multiples of 32). */
-INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o)
+ * multiples of 32), prefetching the span pf bytes away alongside. */
+INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o, ptrdiff_t pf)
 {
     const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
     for (int i = c0; i < c1; i += 32) {
+        if (pf && !(i & 127)) /* a span decoded later (kern_matmul.inc) */
+            _mm_prefetch((const char *)(a + i / 2 + pf), _MM_HINT_T0);
         __m256 v[4];
         nib_group(fmt, a, s, i / 32, v);
         UNROLL

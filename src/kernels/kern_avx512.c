@@ -193,11 +193,13 @@ INLINE void nib_group(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od)
 INLINE const uint8_t *nib_srow(const kmat *w, int r) { return w->scale + (size_t)r * w->scale_stride; }
 
 /* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
- * multiples of 32, as every 4-bit row's length is). */
-INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o)
+ * multiples of 32, as every 4-bit row's length is), prefetching the span pf bytes away alongside. */
+INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o, ptrdiff_t pf)
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = nib_srow(w, r);
     for (int i = c0; i < c1; i += 32) {
+        if (pf && !(i & 127)) /* a span decoded later (kern_matmul.inc) */
+            _mm_prefetch((const char *)(row + i / 2 + pf), _MM_HINT_T0);
         __m512 ev, od;
         nib_group(row + i / 2, nib_table(fmt, s, i / 32), &ev, &od);
         _mm512_storeu_ps(o + i - c0, ev);
