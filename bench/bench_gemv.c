@@ -105,7 +105,9 @@ static double read_once(pool *p, struct read_job *j)
 FMA_CHAINS(fma_chains512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, 16)
 FMA_CHAINS(fma_chains256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, 8)
 
-enum { FMA_ITERS = 1 << 22 };
+/* 8 pieces per thread, handed out first come first served, so that a thread that starts late
+ * does fewer of them instead of doubling the round (as with read_part's 64). */
+enum { FMA_ITERS = 1 << 19, FMA_PIECES = 8 };
 struct fma_job {
     int wide;
     float sink[64];
@@ -116,13 +118,13 @@ static void fma_part(void *ctx, int b, int e, int tid)
     struct fma_job *j = ctx;
     (void)tid;
     for (int i = b; i < e; i++)
-        j->sink[i] = j->wide ? fma_chains512(FMA_ITERS) : fma_chains256(FMA_ITERS);
+        j->sink[i % 64] = j->wide ? fma_chains512(FMA_ITERS) : fma_chains256(FMA_ITERS);
 }
 
 static double fma_once(pool *p, int wide)
 {
     struct fma_job j = {wide, {0}};
-    int n = pool_size(p);
+    int n = pool_size(p) * FMA_PIECES;
     double t0 = timer_now();
     pool_for(p, n, fma_part, &j);
     return (double)n * FMA_ITERS * 10 * (wide ? 16 : 8) * 2 / (timer_now() - t0) / 1e9;
@@ -208,7 +210,10 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     for (int i = 0; i < cols * T; i++)
         x[i] = (float)rng_normal(&r);
     struct mm_job j = {k, NULL, x, y, p, T};
-    int wide = !strcmp(k->name, "avx512");
+    /* the FMA peak at the kernels' own width; none for tables without FMA (scalar on a CPU
+     * without AVX2, NEON) */
+    int wide = !strcmp(k->name, "avx512"),
+        fma_ok = wide || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
     for (int i = 0; i < nm; i++) { /* warm the page tables, not the caches (the set is 1 GiB) */
         j.w = &m[i];
         pool_for(p, rows, mm_part, &j);
@@ -216,7 +221,7 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     double rd[MAX_ROUNDS], mm[MAX_ROUNDS], t0 = timer_now();
     int n = 0;
     do {
-        rd[n] = in_cache ? 0 : T > 1 ? fma_once(p, wide) : read_once(p, rj);
+        rd[n] = in_cache ? 0 : T > 1 ? (fma_ok ? fma_once(p, wide) : 0) : read_once(p, rj);
         double t1 = timer_now();
         for (int q = 0; q < reps; q++)
             for (int i = 0; i < nm; i++) {
@@ -231,6 +236,8 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     printf("| %-6s | %5d x %-5d | %2d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, T, pool_size(p), n,
            per * 1e6);
     if (in_cache)
+        printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
+    else if (T > 1 && !fma_ok)
         printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
     else if (T > 1)
         printf("%5.0f | %7.1f | %6.1f | %.2f |\n", bw, gbs, gflops, gflops / bw);
@@ -288,7 +295,7 @@ int main(int argc, char **argv)
         errbuf err;
         printf("threads %d\n\n", th);
         pool *p = pool_new(th, &err);
-        if (!p || pool_reserve(p, kern_scratch_floats(16384) * sizeof(float), &err) != 0) {
+        if (!p || pool_reserve(p, kern_scratch_floats(only_c > 16384 ? (size_t)only_c : 16384) * sizeof(float), &err) != 0) {
             fprintf(stderr, "bench_gemv: %s\n", err.msg);
             return 1;
         }

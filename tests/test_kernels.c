@@ -148,6 +148,18 @@ static int same_out(const float *a, const float *b, size_t n)
     return 1;
 }
 
+/* y[t * ldy + rows .. (t + 1) * ldy) were left untouched (still +0) for every token */
+static int pads_untouched(const float *y, int rows, size_t ldy, int T)
+{
+    for (int t = 0; t < T; t++)
+        for (size_t i = (size_t)rows; i < ldy; i++)
+            if (!same_bits(y[(size_t)t * ldy + i], 0.0f))
+                return 0;
+    return 1;
+}
+
+/* b's matmul against a's on a random matrix and T random tokens; for T > 1 the activations and
+ * outputs are strided (ldx > cols, ldy > rows) and the gaps must stay untouched */
 static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, int cols, int T, uint64_t seed)
 {
     rng r;
@@ -155,27 +167,28 @@ static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, 
     kmat m;
     void *d, *s;
     random_matrix(&r, fmt, rows, cols, &m, &d, &s);
-    float *x = malloc(sizeof(float) * (size_t)T * cols);
-    for (int i = 0; i < T * cols; i++)
+    size_t ldx = (size_t)cols + (T > 1 ? 5 : 0), ldy = (size_t)rows + (T > 1 ? 3 : 0);
+    float *x = malloc(sizeof(float) * (size_t)T * ldx);
+    for (size_t i = 0; i < (size_t)T * ldx; i++)
         x[i] = (float)rng_normal(&r);
-    float *ya = calloc((size_t)T * rows, 4), *yb = calloc((size_t)T * rows, 4);
+    float *ya = calloc((size_t)T * ldy, 4), *yb = calloc((size_t)T * ldy, 4);
     float *scratch = aligned_alloc(64, (kern_scratch_floats((size_t)cols) * 4 + 63) / 64 * 64);
-    a->matmul(&m, 0, rows, x, (size_t)cols, T, ya, (size_t)rows, scratch);
-    b->matmul(&m, 0, rows, x, (size_t)cols, T, yb, (size_t)rows, scratch);
-    int ok = same_out(ya, yb, (size_t)T * rows);
+    a->matmul(&m, 0, rows, x, ldx, T, ya, ldy, scratch);
+    b->matmul(&m, 0, rows, x, ldx, T, yb, ldy, scratch);
+    int ok = same_out(ya, yb, (size_t)T * ldy) && pads_untouched(yb, rows, ldy, T);
     /* T = 1 on each token must give the same bits as one T pass (batch invariance) */
     for (int t = 0; t < T && ok; t++) {
         float *y1 = calloc((size_t)rows, 4);
-        b->matmul(&m, 0, rows, x + (size_t)t * cols, (size_t)cols, 1, y1, (size_t)rows, scratch);
-        ok = same_out(y1, ya + (size_t)t * rows, (size_t)rows);
+        b->matmul(&m, 0, rows, x + (size_t)t * ldx, ldx, 1, y1, (size_t)rows, scratch);
+        ok = same_out(y1, ya + (size_t)t * ldy, (size_t)rows);
         free(y1);
     }
     /* a row range gives the same bits as the full matrix (thread split) */
     if (ok && rows > 2) {
-        float *yp = calloc((size_t)T * rows, 4);
-        b->matmul(&m, 1, rows - 1, x, (size_t)cols, T, yp, (size_t)rows, scratch);
+        float *yp = calloc((size_t)T * ldy, 4);
+        b->matmul(&m, 1, rows - 1, x, ldx, T, yp, ldy, scratch);
         for (int t = 0; t < T && ok; t++)
-            ok = same_out(yp + (size_t)t * rows, ya + (size_t)t * rows + 1, (size_t)(rows - 2));
+            ok = same_out(yp + (size_t)t * ldy, ya + (size_t)t * ldy + 1, (size_t)(rows - 2));
         free(yp);
     }
     free(d);
@@ -193,17 +206,19 @@ static void check_isa(const kern_ops *k)
         test_skip("instruction set not available on this CPU or build");
         return;
     }
-    /* rows longer than kern_matmul.inc's MM_KB (4096) run in passes over row blocks of 16: the last
-     * pass may hold only a tail (4099, 4128) or several full passes precede it (8259, 12320);
-     * long plain rows come 19 to a matrix so that a second row block follows the first (the
-     * spans' prefetch offsets change there) */
+    /* At T = 1 rows longer than kern_matmul.inc's MM_KB (4096) run in passes over row blocks of
+     * 16: the last pass may hold only a tail (4099, 4128) or several full passes precede it (8259,
+     * 12320); long plain rows come 19 to a matrix so that a second row block follows the first
+     * (the spans' prefetch offsets change there). At T > 1 every row longer than 4096 / tb columns
+     * (512 for a group of 8) goes in passes, over the same row blocks. */
     static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},
                                     {2, 224},  {9, 1056},  {130, 256}, {19, 4128}, {2, 12320}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 4099, 8256, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         /* T > 1 goes in groups of KERN_TB = 8 tokens, each reduced ISA_TOKBLK (AVX-512: 4) at a
-         * time: 3 (one block of 3), 6 (4 + 2), 13 (8 = 4 + 4, then 5 = 4 + 1) */
-        static const int Ts[] = {1, 3, 6, 13};
+         * time: 3 (one block of 3), 6 (4 + 2), 9 (8, then one token by the T = 1 path), 13 (8,
+         * then 5 = 4 + 1) */
+        static const int Ts[] = {1, 3, 6, 9, 13};
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
             if (wfmt_table[fmt].block == 32) {
