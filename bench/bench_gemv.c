@@ -235,9 +235,7 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     double gflops = 2.0 * rows * cols * T / per / 1e9;
     printf("| %-6s | %5d x %-5d | %2d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, T, pool_size(p), n,
            per * 1e6);
-    if (in_cache)
-        printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
-    else if (T > 1 && !fma_ok)
+    if (in_cache || (T > 1 && !fma_ok)) /* no limit measured: no ratio */
         printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
     else if (T > 1)
         printf("%5.0f | %7.1f | %6.1f | %.2f |\n", bw, gbs, gflops, gflops / bw);
