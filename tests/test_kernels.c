@@ -1,11 +1,14 @@
-/* test_kernels.c — format decoders against known values, and every SIMD kernel against the
- * scalar reference with memcmp (the seq64 contract of kern.h: same bits on every ISA). */
+/* test_kernels.c — format decoders against known values, every SIMD kernel against the scalar
+ * reference with memcmp (the seq64 contract of kern.h: same bits on every ISA), and kmath.h's
+ * functions against libm's double precision (accuracy) and against their own pinned bits (the same
+ * on every machine: this file also runs on AArch64 under qemu, see the Makefile's test-neon). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/rng.h"
 #include "kernels/kern.h"
+#include "kernels/kmath.h"
 #include "test.h"
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, 4) == 0; }
@@ -339,6 +342,124 @@ static void check_elementwise(const kern_ops *k)
     }
 }
 
-TEST(kern_avx2_elementwise) { check_elementwise(kern_avx2()); }
-TEST(kern_avx512_elementwise) { check_elementwise(kern_avx512()); }
-TEST(kern_neon_elementwise) { check_elementwise(kern_neon()); }
+/* The GLU activation of table k against the scalar one: random gates and ups of several scales,
+ * then a sweep of float32 bit patterns (every 4099th, NaNs and infinities included) as gates and
+ * as ups, at lengths that leave SIMD tails. */
+static void check_glu(const kern_ops *k)
+{
+    enum { N = 4096 };
+    float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N);
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    rng r;
+    rng_seed(&r, 12);
+    int bad = 0, bad_act = 0, bad_n = 0;
+    for (int round = 0; round < 8 && !bad; round++) {
+        float scale = round < 4 ? 0.25f * (float)(1 << (2 * round)) : 1.0f;
+        for (int i = 0; i < N; i++) {
+            g[i] = round < 4 ? scale * (float)rng_normal(&r) : km_float((uint32_t)(((uint64_t)(round - 4) * N + (uint64_t)i) * 4099u * 257u));
+            u[i] = round < 4 ? scale * (float)rng_normal(&r) : km_float((uint32_t)(((uint64_t)i * 4099u) + (uint64_t)round));
+        }
+        for (int act = KERN_GLU_SWIGLU; act <= KERN_GLU_SITU && !bad; act++)
+            for (int n = N - 13 * round; n > 0 && !bad; n = n > 40 ? n / 3 : n - 7) {
+                memcpy(a, g, sizeof(float) * (size_t)n);
+                memcpy(b, g, sizeof(float) * (size_t)n);
+                kern_scalar.glu(act, a, u, n, 1.4f, 3.0f);
+                k->glu(act, b, u, n, 1.4f, 3.0f);
+                if (!same_out(a, b, (size_t)n))
+                    bad = 1, bad_act = act, bad_n = n;
+            }
+    }
+    free(g);
+    free(u);
+    free(a);
+    free(b);
+    CHECKF(!bad, "%s glu (act %d, n %d) differs from scalar", k->name, bad_act, bad_n);
+}
+
+static void check_elementwise_and_glu(const kern_ops *k)
+{
+    check_elementwise(k);
+    if (k)
+        check_glu(k);
+}
+
+TEST(kern_avx2_elementwise) { check_elementwise_and_glu(kern_avx2()); }
+TEST(kern_avx512_elementwise) { check_elementwise_and_glu(kern_avx512()); }
+TEST(kern_neon_elementwise) { check_elementwise_and_glu(kern_neon()); }
+
+/* ---- kmath.h ---- */
+
+/* |got - want| in units of the last place of float32 at want (subnormal spacing below 2^-126) */
+static double ulps(float got, double want)
+{
+    int e;
+    frexp(fabs(want), &e);
+    double ulp = ldexp(1.0, e - 24);
+    if (ulp < ldexp(1.0, -149))
+        ulp = ldexp(1.0, -149);
+    return fabs((double)got - want) / ulp;
+}
+
+/* Every 1021st float32 bit pattern, against libm's double precision functions (far more
+ * accurate than float32's rounding); the bounds are the worst cases found over every float32
+ * input (docs/exactness.md). */
+TEST(kmath_accuracy)
+{
+    double worst[4] = {0};
+    float at[4] = {0};
+    for (uint64_t b = 0; b < 0x100000000ull; b += 1021) {
+        float x = km_float((uint32_t)b);
+        if (isnan(x))
+            continue;
+        double e[4] = {
+            x > KM_EXP_LO && x < 88.7f ? ulps(km_expf(x), exp((double)x)) : 0,
+            ulps(km_tanhf(x), tanh((double)x)),
+            x > -87.0f ? ulps(km_sigmoidf(x), 1.0 / (1.0 + exp(-(double)x))) : 0,
+            x > -1.0f && !isinf(x) ? ulps(km_log1pf(x), log1p((double)x)) : 0,
+        };
+        for (int f = 0; f < 4; f++)
+            if (e[f] > worst[f])
+                worst[f] = e[f], at[f] = x;
+    }
+    static const double bound[4] = {1.0, 1.5, 2.5, 2.5};
+    static const char *name[4] = {"exp", "tanh", "sigmoid", "log1p"};
+    for (int f = 0; f < 4; f++)
+        CHECKF(worst[f] <= bound[f], "km_%sf: %.3f ulp at %a (bound %.1f)", name[f], worst[f], (double)at[f], bound[f]);
+}
+
+TEST(kmath_special_values)
+{
+    CHECK(km_expf(0.0f) == 1.0f && km_expf(-0.0f) == 1.0f);
+    CHECK(km_expf(-INFINITY) == 0.0f && !signbit(km_expf(-INFINITY)) && km_expf(-104.0f) == 0.0f);
+    CHECK(km_expf(INFINITY) == INFINITY && km_expf(88.73f) == INFINITY && isfinite(km_expf(88.72f)));
+    CHECK(km_expf(-103.0f) > 0.0f); /* a subnormal result, not flushed */
+    CHECK(isnan(km_expf(NAN)) && isnan(km_tanhf(NAN)) && isnan(km_sigmoidf(NAN)) && isnan(km_log1pf(NAN)));
+    CHECK(km_tanhf(0.0f) == 0.0f && !signbit(km_tanhf(0.0f)) && signbit(km_tanhf(-0.0f)));
+    CHECK(km_tanhf(INFINITY) == 1.0f && km_tanhf(-INFINITY) == -1.0f && km_tanhf(10.0f) == 1.0f);
+    CHECK(km_sigmoidf(0.0f) == 0.5f && km_sigmoidf(INFINITY) == 1.0f && km_sigmoidf(-INFINITY) == 0.0f);
+    CHECK(km_log1pf(0.0f) == 0.0f && signbit(km_log1pf(-0.0f)) && km_log1pf(0x1p-30f) == 0x1p-30f);
+    CHECK(km_log1pf(-1.0f) == -INFINITY && isnan(km_log1pf(-2.0f)) && km_log1pf(INFINITY) == INFINITY);
+    for (uint64_t b = 0; b < 0x80000000ull; b += 65537) { /* tanh is odd to the bit */
+        float x = km_float((uint32_t)b), y = km_tanhf(x), ny = km_tanhf(-x);
+        CHECKF(same_bits(-y, ny) || isnan(x), "tanh(-%a) != -tanh(%a)", (double)x, (double)x);
+    }
+}
+
+/* The bits of every function over a sweep of inputs, hashed (FNV-1a) and compared with the value
+ * this test printed when the functions were last changed: the same on every machine and compiler
+ * (it also runs on AArch64 under qemu). A change to a coefficient or to the order of operations
+ * changes logits, so it must change this value too, on purpose. */
+TEST(kmath_bits_pinned)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t b = 0; b < 0x100000000ull; b += 4099) {
+        float x = km_float((uint32_t)b);
+        float y[5] = {km_expf(x), km_tanhf(x), km_sigmoidf(x), km_log1pf(x), km_situ(x, 0.5f - x, 1.4f, 3.0f)};
+        for (int f = 0; f < 5; f++) {
+            uint32_t v = isnan(y[f]) ? 0x7FC00000u : km_bits(y[f]); /* any NaN is a NaN (kern.h) */
+            for (int i = 0; i < 4; i++)
+                h = (h ^ ((v >> (8 * i)) & 0xFF)) * 0x100000001b3ull;
+        }
+    }
+    CHECKF(h == 0xed536f4d0fd2104dull, "kmath bits hash %#018llx", (unsigned long long)h);
+}

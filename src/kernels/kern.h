@@ -51,7 +51,14 @@ typedef struct kern_ops {
      * ISA gives the same bits. u is scratch of d floats. */
     void (*kda_step)(float *S, int d, const float *k, const float *v, const float *q, const float *alpha, float beta,
                      float *o, float *u);
+    /* A gated linear unit's activation in place, element by element: gate[i] = km_swiglu or
+     * km_situ (kmath.h) of gate[i] and up[i] for i < n; bt, bl: SiTU's betas (unused by SwiGLU).
+     * kmath.h's functions are the definition, so every ISA gives the same bits. */
+    void (*glu)(int act, float *gate, const float *up, int n, float bt, float bl);
 } kern_ops;
+
+/* glu's activations */
+enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
 
 /* Tokens per group in the T > 1 matrix path and rows per block (its partial sums are carried in
  * scratch from one column pass to the next), and the per-thread scratch a matmul needs for a
@@ -67,6 +74,8 @@ extern const kern_ops kern_scalar;
 /* The reference KDA step (also used by SIMD tables for head sizes they do not vectorise). */
 void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
                           float beta, float *o, float *u);
+/* The reference activation (also used by SIMD tables for their tails, and by NEON). */
+void kern_scalar_glu(int act, float *gate, const float *up, int n, float bt, float bl);
 /* NULL when this build or this CPU cannot run them. */
 const kern_ops *kern_avx2(void);
 const kern_ops *kern_avx512(void);

@@ -8,6 +8,7 @@
  * match the scalar decoder's bits. T > 1 decodes a row span once into scratch (kern_matmul.inc).
  */
 #include "kernels/kern.h"
+#include "kernels/kmath.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -343,7 +344,37 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
     }
 }
 
-static const kern_ops ops = {"avx2", isa_matmul, avx2_dot, isa_decode_rows, avx2_axpy, avx2_kda_step};
+/* the GLU activation (kern_vmath.inc) */
+#define VF __m256
+#define VI __m256i
+#define VLANES 8
+#define VSET _mm256_set1_ps
+#define VSETI _mm256_set1_epi32
+#define VLOAD _mm256_loadu_ps
+#define VSTOREF _mm256_storeu_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VDIV _mm256_div_ps
+#define VMIN _mm256_min_ps
+#define VMAX _mm256_max_ps
+#define VCVTT _mm256_cvttps_epi32
+#define VSRAI1(i) _mm256_srai_epi32(i, 1)
+#define VSLLI23(i) _mm256_slli_epi32(i, 23)
+#define VADDI _mm256_add_epi32
+#define VSUBI _mm256_sub_epi32
+#define VANDI _mm256_and_si256
+#define VORI _mm256_or_si256
+#define VXORI _mm256_xor_si256
+#define VASI _mm256_castps_si256
+#define VASF _mm256_castsi256_ps
+#define VSEL_LT(a, b, yes, no) _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define VSEL_NAN(x, yes, no) _mm256_blendv_ps(no, yes, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+#define ISA_GLU avx2_glu
+#include "kernels/kern_vmath.inc"
+
+static const kern_ops ops = {"avx2",    isa_matmul,    avx2_dot, isa_decode_rows,
+                             avx2_axpy, avx2_kda_step, avx2_glu};
 
 const kern_ops *kern_avx2(void)
 {

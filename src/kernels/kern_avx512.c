@@ -20,6 +20,7 @@
  * kern_select has checked the CPU.
  */
 #include "kernels/kern.h"
+#include "kernels/kmath.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__)
@@ -276,6 +277,36 @@ static void span_dots(const float *w, int len, const float *x, size_t ldx, int n
     }
 }
 
+/* ---- the GLU activation (kern_vmath.inc) ---- */
+
+#define VF __m512
+#define VI __m512i
+#define VLANES 16
+#define VSET _mm512_set1_ps
+#define VSETI _mm512_set1_epi32
+#define VLOAD _mm512_loadu_ps
+#define VSTOREF _mm512_storeu_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VMIN _mm512_min_ps
+#define VMAX _mm512_max_ps
+#define VCVTT _mm512_cvttps_epi32
+#define VSRAI1(i) _mm512_srai_epi32(i, 1)
+#define VSLLI23(i) _mm512_slli_epi32(i, 23)
+#define VADDI _mm512_add_epi32
+#define VSUBI _mm512_sub_epi32
+#define VANDI _mm512_and_si512
+#define VORI _mm512_or_si512
+#define VXORI _mm512_xor_si512
+#define VASI _mm512_castps_si512
+#define VASF _mm512_castsi512_ps
+#define VSEL_LT(a, b, yes, no) _mm512_mask_mov_ps(no, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), yes)
+#define VSEL_NAN(x, yes, no) _mm512_mask_mov_ps(no, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), yes)
+#define ISA_GLU avx512_glu
+#include "kernels/kern_vmath.inc"
+
 /* ---- entry points ---- */
 
 #define ISA_VEC __m512
@@ -329,7 +360,8 @@ static void avx512_kda_step(float *S, int d, const float *k, const float *v, con
     }
 }
 
-static const kern_ops ops = {"avx512", isa_matmul, avx512_dot, isa_decode_rows, avx512_axpy, avx512_kda_step};
+static const kern_ops ops = {"avx512",    isa_matmul,      avx512_dot, isa_decode_rows,
+                             avx512_axpy, avx512_kda_step, avx512_glu};
 
 const kern_ops *kern_avx512(void)
 {

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "kernels/kern.h"
+#include "kernels/kmath.h"
 
 float kern_seq64_reduce(float acc[64])
 {
@@ -81,5 +82,15 @@ void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const
     }
 }
 
-const kern_ops kern_scalar = {"scalar",    scalar_matmul, scalar_dot, scalar_decode_rows, scalar_axpy,
-                              kern_scalar_kda_step};
+void kern_scalar_glu(int act, float *gate, const float *up, int n, float bt, float bl)
+{
+    if (act == KERN_GLU_SITU)
+        for (int i = 0; i < n; i++)
+            gate[i] = km_situ(gate[i], up[i], bt, bl);
+    else
+        for (int i = 0; i < n; i++)
+            gate[i] = km_swiglu(gate[i], up[i]);
+}
+
+const kern_ops kern_scalar = {"scalar",    scalar_matmul,        scalar_dot,     scalar_decode_rows,
+                              scalar_axpy, kern_scalar_kda_step, kern_scalar_glu};
