@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kmath.h"
+
 void sampler_cfg_default(sampler_cfg *c)
 {
     c->temperature = 0.0f;
@@ -93,14 +95,14 @@ int32_t sampler_pick(sampler *s, const float *logits)
     float mx = logits[best], inv = 1.0f / s->cfg.temperature;
     double sum = 0.0;
     for (int i = 0; i < V; i++)
-        sum += expf((logits[i] - mx) * inv);
+        sum += km_expf((logits[i] - mx) * inv);
     if (!isfinite(mx) || !(sum >= 1.0) || !isfinite(sum))
         return best; /* degenerate logits: nothing to sample from but the argmax */
     /* candidates: tokens with non-zero mass at or above the min-p floor */
     int n = 0;
     float floor_p = s->cfg.min_p * (float)(1.0 / sum); /* the top token has probability 1/sum */
     for (int i = 0; i < V; i++) {
-        float p = (float)(expf((logits[i] - mx) * inv) / sum);
+        float p = (float)(km_expf((logits[i] - mx) * inv) / sum);
         if (p > 0.0f && p >= floor_p) {
             s->cand[n].p = p;
             s->cand[n].id = i;

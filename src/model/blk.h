@@ -22,6 +22,7 @@
 #include "base/err.h"
 #include "base/pool.h"
 #include "kernels/kern.h"
+#include "kernels/kmath.h"
 #include "model/model.h"
 
 /* Per-layer decode state of one sequence. */
@@ -84,7 +85,8 @@ void blk_rope_apply(const hparams *hp, float *v, const float *cs);
 /* AttnRes: out = sum_j softmax_j(u . v_j / rms(v_j)) v_j over sources src[0..n), n >= 1. */
 void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out);
 
-static inline float blk_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* exp, tanh, sigmoid and log1p are kmath.h's (not libm's: the same bits on every machine) */
+static inline float blk_sigmoid(float x) { return km_sigmoidf(x); }
 
 int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out);
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);

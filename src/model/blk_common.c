@@ -62,40 +62,32 @@ void blk_rmsnorm(const blk *b, const float *x, const float *w, int T, int n, flo
 
 struct glu_job {
     const hparams *hp;
+    const kern_ops *k;
     float *gate;
     const float *up;
 };
 
-/* elements [i0, i1): each one on its own, so the split never changes a bit */
+/* elements [i0, i1): each one on its own, so the split never changes a bit. SiTU is
+ * [b tanh(g/b) sigmoid(g)] [bl tanh(u/bl)] (sigmoid of the raw g); SwiGLU g sigmoid(g) u. */
 static void glu_run(void *ctx, int i0, int i1, int tid)
 {
     const struct glu_job *j = ctx;
     const hparams *hp = j->hp;
-    float *gate = j->gate;
-    const float *up = j->up;
     (void)tid;
-    if (hp->act == ACT_SITU) { /* [b tanh(g/b) sigmoid(g)] [bl tanh(u/bl)], sigmoid of the raw g */
-        float bt = hp->situ_beta, bl = hp->situ_linear_beta;
-        for (int i = i0; i < i1; i++) {
-            float g = gate[i];
-            gate[i] = (bt * tanhf(g / bt) * blk_sigmoid(g)) * (bl * tanhf(up[i] / bl));
-        }
-        return;
-    }
-    for (int i = i0; i < i1; i++) {
-        float g = gate[i];
-        gate[i] = g * blk_sigmoid(g) * up[i];
-    }
+    j->k->glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, j->gate + i0, j->up + i0, i1 - i0,
+              hp->situ_beta, hp->situ_linear_beta);
 }
 
-/* Below this many elements the activation runs on the calling thread. SiTU costs three libm
- * calls per element; run on the caller alone, a decode expert's 2048 left the other thread idle
- * (perf, bench/results/engine.md: the worker idle 10.7% of decode's samples, 4.1% split). */
+/* Below this many elements the activation runs on the calling thread. Measured when SiTU cost
+ * three libm calls per element (55-60 ns): run on the caller alone, a decode expert's 2048 left
+ * the other thread idle (perf, bench/results/engine.md: the worker idle 10.7% of decode's
+ * samples, 4.1% split). As a SIMD kernel (4-5 ns per element with AVX-512) either choice is now
+ * within the noise of decode (~1 ms of a 350 ms token on k3-mini); the split is kept. */
 enum { GLU_PARALLEL_MIN = 1024 };
 
 void blk_glu(const blk *b, float *gate, const float *up, size_t n)
 {
-    struct glu_job j = {b->hp, gate, up};
+    struct glu_job j = {b->hp, b->k, gate, up};
     assert(n <= INT_MAX); /* T x inter of one pass */
     if (n < GLU_PARALLEL_MIN || pool_size(b->pool) == 1)
         glu_run(&j, 0, (int)n, 0);
@@ -142,7 +134,7 @@ void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *
         mx = s[j] > mx ? s[j] : mx;
     }
     for (int j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
+        s[j] = km_expf(s[j] - mx);
         sum += s[j];
     }
     for (int i = 0; i < H; i++)

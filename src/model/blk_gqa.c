@@ -31,7 +31,7 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             for (int s = 0; s < n; s++) {
-                sc[s] = expf(sc[s] - mx);
+                sc[s] = km_expf(sc[s] - mx);
                 sum += sc[s];
             }
             float *oh = j->o + ((size_t)t * nh + h) * hd;

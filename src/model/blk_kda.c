@@ -47,7 +47,7 @@ struct kda_job {
     int T;
 };
 
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static float softplus(float x) { return x > 20.0f ? x : km_log1pf(km_expf(x)); }
 
 static void kda_heads(void *ctx, int h0, int h1, int tid)
 {
@@ -76,7 +76,7 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                     g = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
                 else
                     g = -j->w->A[h] * softplus(z);
-                alpha[i] = expf(g);
+                alpha[i] = km_expf(g);
             }
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
             j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);

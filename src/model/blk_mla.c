@@ -55,7 +55,7 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             for (int s = 0; s < n; s++) {
-                sc[s] = expf(sc[s] - mx);
+                sc[s] = km_expf(sc[s] - mx);
                 sum += sc[s];
             }
             for (int i = 0; i < r; i++)

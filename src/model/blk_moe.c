@@ -42,7 +42,7 @@ static void route(const hparams *hp, const moe_w *w, const float *logit, float *
         for (int e = 0; e < E; e++)
             mx = logit[e] > mx ? logit[e] : mx;
         for (int e = 0; e < E; e++) {
-            score[e] = expf(logit[e] - mx);
+            score[e] = km_expf(logit[e] - mx);
             sum += score[e];
         }
         for (int e = 0; e < E; e++)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kmath.h"
 #include "model/config.h"
 
 static int in_list(const json_t *arr, int v)
@@ -159,7 +160,7 @@ static int bind_kda(model *m, const char *p, kda_w *w, errbuf *err)
         model_mat(m, &w->o, H, P, err, "%so_proj", p))
         return -1;
     for (int h = 0; h < hp->kda_heads; h++)
-        w->A[h] = expf(w->A[h]); /* the gate uses exp(A_log) per head */
+        w->A[h] = km_expf(w->A[h]); /* the gate uses exp(A_log) per head */
     if (hp->kda_full_gate)
         return model_mat(m, &w->g, P, H, err, "%sg_proj", p);
     snprintf(name, sizeof name, "%sg_a_proj.weight", p);
