@@ -342,9 +342,9 @@ static void check_elementwise(const kern_ops *k)
     }
 }
 
-/* The GLU activation of table k against the scalar one: random gates and ups of several scales,
- * then a sweep of float32 bit patterns (every 4099th, NaNs and infinities included) as gates and
- * as ups, at lengths that leave SIMD tails. */
+/* The GLU activation and exp_sub of table k against the scalar ones: random inputs of several
+ * scales, then a sweep of float32 bit patterns (NaNs and infinities included) as gates, ups and
+ * exp_sub's inputs, at lengths that leave SIMD tails. */
 static void check_glu(const kern_ops *k)
 {
     enum { N = 4096 };
@@ -368,12 +368,21 @@ static void check_glu(const kern_ops *k)
                 if (!same_out(a, b, (size_t)n))
                     bad = 1, bad_act = act, bad_n = n;
             }
+        for (int n = N - 5 * round; n > 0 && !bad; n = n > 40 ? n / 3 : n - 7) {
+            float m = round < 4 ? 0.5f * scale : 0.0f;
+            memcpy(a, u, sizeof(float) * (size_t)n);
+            memcpy(b, u, sizeof(float) * (size_t)n);
+            kern_scalar.exp_sub(a, n, m);
+            k->exp_sub(b, n, m);
+            if (!same_out(a, b, (size_t)n))
+                bad = 1, bad_act = -1, bad_n = n;
+        }
     }
     free(g);
     free(u);
     free(a);
     free(b);
-    CHECKF(!bad, "%s glu (act %d, n %d) differs from scalar", k->name, bad_act, bad_n);
+    CHECKF(!bad, "%s %s (act %d, n %d) differs from scalar", k->name, bad_act < 0 ? "exp_sub" : "glu", bad_act, bad_n);
 }
 
 static void check_elementwise_and_glu(const kern_ops *k)

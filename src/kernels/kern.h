@@ -55,6 +55,8 @@ typedef struct kern_ops {
      * km_situ (kmath.h) of gate[i] and up[i] for i < n; bt, bl: SiTU's betas (unused by SwiGLU).
      * kmath.h's functions are the definition, so every ISA gives the same bits. */
     void (*glu)(int act, float *gate, const float *up, int n, float bt, float bl);
+    /* x[i] = km_expf(x[i] - m) for i < n: a softmax's numerators (element-wise, as glu). */
+    void (*exp_sub)(float *x, int n, float m);
 } kern_ops;
 
 /* glu's activations */
@@ -74,8 +76,9 @@ extern const kern_ops kern_scalar;
 /* The reference KDA step (also used by SIMD tables for head sizes they do not vectorise). */
 void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
                           float beta, float *o, float *u);
-/* The reference activation (also used by SIMD tables for their tails, and by NEON). */
+/* The reference activation and exponentials (also used by SIMD tables for their tails, and by NEON). */
 void kern_scalar_glu(int act, float *gate, const float *up, int n, float bt, float bl);
+void kern_scalar_exp_sub(float *x, int n, float m);
 /* NULL when this build or this CPU cannot run them. */
 const kern_ops *kern_avx2(void);
 const kern_ops *kern_avx512(void);

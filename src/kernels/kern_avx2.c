@@ -370,11 +370,10 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
 #define VASF _mm256_castsi256_ps
 #define VSEL_LT(a, b, yes, no) _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define VSEL_NAN(x, yes, no) _mm256_blendv_ps(no, yes, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
-#define ISA_GLU avx2_glu
 #include "kernels/kern_vmath.inc"
 
 static const kern_ops ops = {"avx2",    isa_matmul,    avx2_dot, isa_decode_rows,
-                             avx2_axpy, avx2_kda_step, avx2_glu};
+                             avx2_axpy, avx2_kda_step, isa_glu, isa_exp_sub};
 
 const kern_ops *kern_avx2(void)
 {

@@ -304,7 +304,6 @@ static void span_dots(const float *w, int len, const float *x, size_t ldx, int n
 #define VASF _mm512_castsi512_ps
 #define VSEL_LT(a, b, yes, no) _mm512_mask_mov_ps(no, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), yes)
 #define VSEL_NAN(x, yes, no) _mm512_mask_mov_ps(no, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), yes)
-#define ISA_GLU avx512_glu
 #include "kernels/kern_vmath.inc"
 
 /* ---- entry points ---- */
@@ -361,7 +360,7 @@ static void avx512_kda_step(float *S, int d, const float *k, const float *v, con
 }
 
 static const kern_ops ops = {"avx512",    isa_matmul,      avx512_dot, isa_decode_rows,
-                             avx512_axpy, avx512_kda_step, avx512_glu};
+                             avx512_axpy, avx512_kda_step, isa_glu,   isa_exp_sub};
 
 const kern_ops *kern_avx512(void)
 {

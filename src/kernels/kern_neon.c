@@ -3,8 +3,8 @@
  * The 64 seq64 partial sums live in sixteen float32x4 registers (lanes 4k..4k+3 in register
  * k). vfmaq_f32 is a fused multiply-add, like fmaf. Rows are decoded exactly with the scalar
  * decoder in 64-element blocks (NEON has no cheap 16-entry float table lookup; the decode is
- * exact either way), then reduced in seq64 order. The GLU activation is the reference loop
- * (kern_scalar_glu: kmath.h's functions, compiled as plain C).
+ * exact either way), then reduced in seq64 order. The GLU activation and exp_sub are the
+ * reference loops (kmath.h's functions, compiled as plain C).
  */
 #include "kernels/kern.h"
 
@@ -107,7 +107,7 @@ static void neon_axpy(float *y, const float *x, float a, int n)
 
 /* The KDA step uses the reference loop: fmaf is one fused instruction on AArch64. */
 static const kern_ops ops = {"neon",    neon_matmul,          neon_dot,       neon_decode_rows,
-                             neon_axpy, kern_scalar_kda_step, kern_scalar_glu};
+                             neon_axpy, kern_scalar_kda_step, kern_scalar_glu, kern_scalar_exp_sub};
 const kern_ops *kern_neon(void) { return &ops; }
 #else
 const kern_ops *kern_neon(void) { return NULL; }

@@ -92,5 +92,11 @@ void kern_scalar_glu(int act, float *gate, const float *up, int n, float bt, flo
             gate[i] = km_swiglu(gate[i], up[i]);
 }
 
-const kern_ops kern_scalar = {"scalar",    scalar_matmul,        scalar_dot,     scalar_decode_rows,
-                              scalar_axpy, kern_scalar_kda_step, kern_scalar_glu};
+void kern_scalar_exp_sub(float *x, int n, float m)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = km_expf(x[i] - m);
+}
+
+const kern_ops kern_scalar = {"scalar",    scalar_matmul,        scalar_dot,      scalar_decode_rows,
+                              scalar_axpy, kern_scalar_kda_step, kern_scalar_glu, kern_scalar_exp_sub};

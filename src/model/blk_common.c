@@ -133,10 +133,9 @@ void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *
         s[j] = b->k->dot(src[j], u, H) * r; /* keys RMS-normed, values raw */
         mx = s[j] > mx ? s[j] : mx;
     }
-    for (int j = 0; j < n; j++) {
-        s[j] = km_expf(s[j] - mx);
+    b->k->exp_sub(s, n, mx);
+    for (int j = 0; j < n; j++)
         sum += s[j];
-    }
     for (int i = 0; i < H; i++)
         out[i] = 0.0f;
     for (int j = 0; j < n; j++)

@@ -30,10 +30,9 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
                 sc[s] = j->b->k->dot(qh, j->kv + (size_t)s * W + (size_t)kvh * hd, hd) * hp->attn_scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
-            for (int s = 0; s < n; s++) {
-                sc[s] = km_expf(sc[s] - mx);
+            j->b->k->exp_sub(sc, n, mx);
+            for (int s = 0; s < n; s++)
                 sum += sc[s];
-            }
             float *oh = j->o + ((size_t)t * nh + h) * hd;
             for (int i = 0; i < hd; i++)
                 oh[i] = 0.0f;

@@ -54,10 +54,9 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
                 sc[s] = v * hp->attn_scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
-            for (int s = 0; s < n; s++) {
-                sc[s] = km_expf(sc[s] - mx);
+            k->exp_sub(sc, n, mx);
+            for (int s = 0; s < n; s++)
                 sum += sc[s];
-            }
             for (int i = 0; i < r; i++)
                 ol[i] = 0.0f;
             for (int s = 0; s < n; s++)
