@@ -6,7 +6,7 @@
 #include "cli/cli.h"
 #include "model/synth.h"
 
-static const char *HELP = "usage: deltafin synth --preset k3-tiny|k3-mini --out DIR [--seed S] [--size-gb N]\n"
+static const char *HELP = "usage: deltafin synth --preset k3-tiny|k3-mini|k3-wide --out DIR [--seed S] [--size-gb N]\n"
                           "Writes DIR/config.json and DIR/model.safetensors: K3's architecture and release\n"
                           "format (nested config, MXFP4 experts) with deterministic random weights.\n"
                           "--size-gb sets the number of routed experts so the checkpoint is about N GB\n"
@@ -42,7 +42,7 @@ int cmd_synth(int argc, char **argv)
         return cli_usage(cmd, "--preset and --out are required");
     synth_k3 c;
     if (synth_preset(preset, &c) != 0)
-        return cli_usage(cmd, "unknown preset '%s' (k3-tiny, k3-mini)", preset);
+        return cli_usage(cmd, "unknown preset '%s' (k3-tiny, k3-mini, k3-wide)", preset);
     if (seed >= 0)
         c.seed = (uint64_t)seed;
     if (size_gb > 0)

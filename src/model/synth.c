@@ -29,6 +29,15 @@ int synth_preset(const char *name, synth_k3 *c)
                         .latent = 2048, .attnres_block = 12, .seed = 1};
         return 0;
     }
+    /* K3's own expert shape (latent 3584, expert width 3072: 17.5 MB MXFP4 experts, as released),
+     * at hidden 3584 and 8 layers: one layer's misses are as many bytes in flight as K3's */
+    if (strcmp(name, "k3-wide") == 0) {
+        *c = (synth_k3){.hidden = 3584, .layers = 8, .vocab = 32768, .heads = 28, .q_lora = 768, .kv_lora = 512,
+                        .nope = 128, .rope = 64, .v_head = 128, .kda_heads = 28, .kda_dim = 128,
+                        .dense_inter = 9216, .moe_inter = 3072, .experts = 64, .top_k = 16, .shared = 2,
+                        .latent = 3584, .attnres_block = 4, .seed = 1};
+        return 0;
+    }
     return -1;
 }
 

@@ -25,7 +25,8 @@ typedef struct synth_k3 {
 } synth_k3;
 
 /* Fills c with a named preset ("k3-tiny": the bundled default model; "k3-mini": K3's shape
- * scaled down for storage benchmarks). Returns -1 for an unknown name. */
+ * scaled down for storage benchmarks; "k3-wide": fewer layers but K3's own 17.5 MB experts).
+ * Returns -1 for an unknown name. */
 int synth_preset(const char *name, synth_k3 *c);
 /* Sets the number of routed experts so the checkpoint is about `gb` GB (at least top_k). */
 void synth_scale(synth_k3 *c, double gb);
