@@ -343,8 +343,9 @@ static void check_elementwise(const kern_ops *k)
 }
 
 /* The GLU activation and exp_sub of table k against the scalar ones: random inputs of several
- * scales, then a sweep of float32 bit patterns (NaNs and infinities included) as gates, ups and
- * exp_sub's inputs, at lengths that leave SIMD tails. */
+ * scales, then bit patterns spread over all of float32 (NaNs, infinities, subnormals) as gates, ups
+ * and exp_sub's inputs, at lengths that leave SIMD tails. (NEON's entries are the scalar ones, so
+ * there this compares them with themselves; kmath_bits_pinned is what covers AArch64.) */
 static void check_glu(const kern_ops *k)
 {
     enum { N = 4096 };
@@ -357,7 +358,8 @@ static void check_glu(const kern_ops *k)
         float scale = round < 4 ? 0.25f * (float)(1 << (2 * round)) : 1.0f;
         for (int i = 0; i < N; i++) {
             g[i] = round < 4 ? scale * (float)rng_normal(&r) : km_float((uint32_t)(((uint64_t)(round - 4) * N + (uint64_t)i) * 4099u * 257u));
-            u[i] = round < 4 ? scale * (float)rng_normal(&r) : km_float((uint32_t)(((uint64_t)i * 4099u) + (uint64_t)round));
+            u[i] = round < 4 ? scale * (float)rng_normal(&r)
+                             : km_float((uint32_t)(((uint64_t)i * 4099u + (uint64_t)round) * 2654435761u));
         }
         for (int act = KERN_GLU_SWIGLU; act <= KERN_GLU_SITU && !bad; act++)
             for (int n = N - 13 * round; n > 0 && !bad; n = n > 40 ? n / 3 : n - 7) {

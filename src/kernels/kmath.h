@@ -12,7 +12,8 @@
  *
  * Accuracy against the exact value, worst case over every float32 input (measured once, and over a
  * sweep by tests/test_kernels.c's kmath_accuracy): km_expf 0.96 ulp, km_tanhf 1.44, km_sigmoidf
- * 2.48, km_log1pf 2.47. Special values: exp(-inf) = +0, exp(+inf) = +inf, subnormal results
+ * 2.48 for x > -87 (below about -88.72, where exp(-x) overflows, it returns +0 instead of a
+ * subnormal), km_log1pf 2.47. Special values: exp(-inf) = +0, exp(+inf) = +inf, subnormal results
  * rounded (not flushed), tanh(+-0) = +-0, tanh(+-inf) = +-1, tanh odd to the bit, NaN in gives a
  * NaN out (which NaN is not part of the contract, as for the kernels). kmath_bits_pinned hashes
  * their bits over a sweep, on x86 and on AArch64 alike.
@@ -83,7 +84,9 @@ static inline float km_float(uint32_t u)
 
 static inline float km_expf(float x)
 {
-    float xc = x > KM_EXP_HI ? KM_EXP_HI : x < KM_EXP_LO ? KM_EXP_LO : x;
+    /* a NaN x becomes KM_EXP_LO here (as VMAX gives in kern_vmath.inc), so that no NaN reaches the
+     * float-to-int conversion below, which C leaves undefined; the last line returns x */
+    float xc = x > KM_EXP_HI ? KM_EXP_HI : x >= KM_EXP_LO ? x : KM_EXP_LO;
     float k = (xc * KM_LOG2E + KM_ROUND) - KM_ROUND;
     float r = xc - k * KM_LN2_HI;
     r = r - k * KM_LN2_LO;
