@@ -1,30 +1,24 @@
 /* dtype.c — the format table and the exact scalar decoders (the reference every SIMD kernel
  * is tested against). */
 #include "kernels/dtype.h"
+#include "kernels/kmath.h" /* km_bits, km_float */
 
 #include <math.h>
 
 const float e2m1_table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
     if (exp == 0x1F)
-        return bits_f32(sign | 0x7F800000u | (man << 13)); /* inf / NaN */
+        return km_float(sign | 0x7F800000u | (man << 13)); /* inf / NaN */
     if (exp == 0) {
         float v = (float)man * 0x1p-24f; /* subnormal: exact */
         return sign ? -v : v;
     }
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+    return km_float(sign | ((exp + 112) << 23) | (man << 13));
 }
 
 float e4m3_to_f32(uint8_t b)
@@ -46,13 +40,12 @@ float e8m0_to_f32(uint8_t s)
         return NAN;
     if (s == 0)
         return 0x1p-127f; /* subnormal float */
-    return bits_f32((uint32_t)s << 23);
+    return km_float((uint32_t)s << 23);
 }
 
 uint16_t f32_to_bf16(float f)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = km_bits(f);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
         return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7FFF + ((u >> 16) & 1);
@@ -61,8 +54,7 @@ uint16_t f32_to_bf16(float f)
 
 uint16_t f32_to_f16(float f)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = km_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u)
