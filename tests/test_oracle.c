@@ -51,11 +51,11 @@ static void check_case(const char *dir, double *worst)
         }
         /* greedy continuation through a session, one token per pass */
         if (!test_failed()) {
-            pool *pl = pool_new(2, &err);
-            session s;
-            float *lg = malloc(sizeof(float) * (size_t)V);
-            if (session_init(&s, &m, kern_select(NULL), pl, n + G, n, &err) == 0 &&
-                session_forward(&s, ids, n, lg, 0, &err) == 0) {
+            engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+            session *s = e ? tu_session(e, n + G, n, &err) : NULL;
+            session_pass pass = {.tokens = ids, .T = n, .n_logits = 1};
+            if (s && session_run(s, &pass, &err) == 0) {
+                const float *lg = session_logits(s, n - 1);
                 for (int g = 0; g < G; g++) {
                     int32_t want = (int32_t)json_integer_value(json_array_get(greedy, (size_t)g));
                     int32_t pick = sampler_argmax(lg, V);
@@ -68,17 +68,18 @@ static void check_case(const char *dir, double *worst)
                     }
                     if (margin < 0.02)
                         break;
-                    if (session_forward(&s, &pick, 1, lg, 0, &err) != 0) {
+                    pass = (session_pass){.tokens = &pick, .T = 1, .n_logits = 1};
+                    if (session_run(s, &pass, &err) != 0) {
                         test_fail(__FILE__, __LINE__, "%s: %s", dir, err.msg);
                         break;
                     }
+                    lg = session_logits(s, 0);
                 }
-                session_free(&s);
             } else {
                 test_fail(__FILE__, __LINE__, "%s: %s", dir, err.msg);
             }
-            free(lg);
-            pool_free(pl);
+            session_free(s);
+            engine_free(e);
         }
         free(ids);
         free(ref);

@@ -27,7 +27,7 @@ TEST(sampler_greedy_ties_lowest)
 {
     float l[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 2.0f};
     sampler s = make(0.0f, 0, 1.0f, 0.0f, 1, 6);
-    CHECK(sampler_pick(&s, l) == 1);
+    CHECK(sampler_pick(&s, l, 0) == 1);
     CHECK(sampler_argmax(l, 6) == 1);
     sampler_free(&s);
 }
@@ -41,7 +41,7 @@ TEST(sampler_seed_reproducible)
             c = make(1.0f, 0, 1.0f, 0.0f, 43, 50);
     int same = 1, differ = 0;
     for (int i = 0; i < 200; i++) {
-        int x = sampler_pick(&a, l), y = sampler_pick(&b, l), z = sampler_pick(&c, l);
+        int x = sampler_pick(&a, l, i), y = sampler_pick(&b, l, i), z = sampler_pick(&c, l, i);
         same &= x == y;
         differ |= x != z;
     }
@@ -62,10 +62,10 @@ TEST(sampler_filters)
     sampler p = make(1.0f, 0, 0.7f, 0.0f, 5, 10), mp = make(1.0f, 0, 1.0f, 0.3f, 5, 10);
     int ok_k1 = 1, ok_k3 = 1, ok_p = 1, ok_mp = 1;
     for (int i = 0; i < 500; i++) {
-        ok_k1 &= sampler_pick(&k1, l) == 0;
-        ok_k3 &= sampler_pick(&k3, l) < 3;
-        ok_p &= sampler_pick(&p, l) < 2;  /* 0.5 + 0.25 >= 0.7: the nucleus is {0, 1} */
-        ok_mp &= sampler_pick(&mp, l) < 2; /* p >= 0.3 * 0.5 keeps 0.5 and 0.25 */
+        ok_k1 &= sampler_pick(&k1, l, i) == 0;
+        ok_k3 &= sampler_pick(&k3, l, i) < 3;
+        ok_p &= sampler_pick(&p, l, i) < 2;  /* 0.5 + 0.25 >= 0.7: the nucleus is {0, 1} */
+        ok_mp &= sampler_pick(&mp, l, i) < 2; /* p >= 0.3 * 0.5 keeps 0.5 and 0.25 */
     }
     sampler_free(&k1);
     sampler_free(&k3);
@@ -84,7 +84,7 @@ TEST(sampler_distribution)
     int cnt[4] = {0};
     int N = 20000;
     for (int i = 0; i < N; i++)
-        cnt[sampler_pick(&s, l)]++;
+        cnt[sampler_pick(&s, l, i)]++;
     sampler_free(&s);
     CHECKF(fabs(cnt[2] / (double)N - 0.6) < 0.02 && fabs(cnt[0] / (double)N - 0.2) < 0.02 && cnt[3] == 0,
            "counts %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
@@ -92,7 +92,7 @@ TEST(sampler_distribution)
     s = make(0.1f, 0, 1.0f, 0.0f, 9, 4);
     int c2 = 0;
     for (int i = 0; i < 1000; i++)
-        c2 += sampler_pick(&s, l) == 2;
+        c2 += sampler_pick(&s, l, i) == 2;
     sampler_free(&s);
     CHECKF(c2 > 990, "temperature 0.1 picked the top token %d/1000 times", c2);
 }

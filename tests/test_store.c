@@ -28,24 +28,11 @@ enum { NIDS = 12 };
 /* logits of IDS through `m` with experts from st (NULL: resident), in passes of `chunk` */
 static float *run(const model *m, store *st, int chunk, errbuf *err)
 {
-    pool *p = pool_new(2, err);
-    session s;
-    float *out = malloc(sizeof(float) * NIDS * (size_t)m->hp.vocab);
-    if (!p || !out || session_init(&s, m, kern_select(NULL), p, NIDS, chunk, err) != 0) {
-        free(out);
-        pool_free(p);
+    engine *e = tu_engine(m, st, 2, NULL, err);
+    if (!e)
         return NULL;
-    }
-    session_set_weights(&s, st ? store_weights(st) : NULL);
-    for (int i = 0; i < NIDS && out; i += chunk) {
-        int c = NIDS - i < chunk ? NIDS - i : chunk;
-        if (session_forward(&s, IDS + i, c, out + (size_t)i * m->hp.vocab, 1, err) != 0) {
-            free(out);
-            out = NULL;
-        }
-    }
-    session_free(&s);
-    pool_free(p);
+    float *out = tu_eval_engine(e, IDS, NIDS, chunk, err);
+    engine_free(e);
     return out;
 }
 
@@ -377,9 +364,9 @@ TEST(store_flipped_byte_is_named)
 }
 
 /* A session over st (a store of models/default's prepared copy dm) whose first pass meets the bad
- * bytes at off[0..n) of pack: it fails naming `want` and the checksum, later passes are refused as
- * part-way; with the bytes flipped back and the session reset, it computes exactly what the
- * resident model does. Frees st. */
+ * bytes at off[0..n) of pack: it fails naming `want` and the checksum and leaves the session
+ * empty, and so does the next; with the bytes flipped back, the same session computes exactly
+ * what the resident model does. Frees st. */
 static void fail_then_recover(const model *dm, store *st, const char *want, const char *pack, const uint64_t *off,
                               int n)
 {
@@ -388,33 +375,33 @@ static void fail_then_recover(const model *dm, store *st, const char *want, cons
     CHECKF(model_load(&ref_m, "models/default", &err) == 0, "%s", err.msg);
     float *ref = run(&ref_m, NULL, NIDS, &err);
     CHECKF(ref, "%s", err.msg);
-    pool *p = pool_new(1, &err);
-    session s;
-    size_t V = (size_t)dm->hp.vocab;
-    float *out = malloc(sizeof(float) * NIDS * V);
-    CHECK(p && out && session_init(&s, dm, kern_select(NULL), p, NIDS, NIDS, &err) == 0);
-    session_set_weights(&s, store_weights(st));
-    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0);
+    engine *e = tu_engine(dm, st, 1, NULL, &err);
+    CHECKF(e, "%s", err.msg);
+    session *s = tu_session(e, NIDS, NIDS, &err);
+    CHECKF(s, "%s", err.msg);
+    session_pass one = {.tokens = IDS, .T = 1, .n_logits = 1}, all = {.tokens = IDS, .T = NIDS, .n_logits = NIDS};
+    CHECK(session_run(s, &one, &err) != 0);
     CHECKF(strstr(err.msg, want) && strstr(err.msg, "checksum"), "%s", err.msg);
     CHECKF(store_pinned(st) == 0, "%d slots still pinned after the failed pass", store_pinned(st));
-    CHECK(session_forward(&s, IDS, 1, out, 0, &err) != 0 && strstr(err.msg, "part-way"));
+    CHECKF(session_len(s) == 0, "a failed pass left %d positions", session_len(s));
+    CHECK(session_run(s, &one, &err) != 0 && strstr(err.msg, "checksum")); /* still bad, still refused */
     for (int i = 0; i < n; i++)
         flip_byte(pack, off[i]);
-    session_reset(&s);
-    CHECKF(session_forward(&s, IDS, NIDS, out, 1, &err) == 0, "%s", err.msg);
-    CHECK(memcmp(out, ref, sizeof(float) * NIDS * V) == 0);
-    session_free(&s);
-    pool_free(p);
+    /* the same session, untouched by the failures: no reset needed */
+    CHECKF(session_run(s, &all, &err) == 0, "%s", err.msg);
+    for (int t = 0; t < NIDS; t++)
+        CHECK(memcmp(session_logits(s, t), ref + (size_t)t * dm->hp.vocab, sizeof(float) * dm->hp.vocab) == 0);
+    session_free(s);
+    engine_free(e);
     store_free(st);
     model_free(&ref_m);
-    free(out);
     free(ref);
 }
 
-/* a failed expert load poisons the session (its state advanced part-way), releases the failed
- * request's pins (and the streamed spine of the layer it failed in) and forgets the bad slot:
- * after a reset, with the pack repaired, the same store computes exactly what the resident
- * model does */
+/* a failed expert load leaves the session as it was before the pass (the pass wrote only the
+ * state it would have committed), releases the failed request's pins (and the streamed spine of
+ * the layer it failed in) and forgets the bad slot: with the pack repaired, the same session and
+ * store compute exactly what the resident model does */
 TEST(store_recovers_after_a_failed_load)
 {
     errbuf err;
@@ -506,8 +493,8 @@ TEST(store_plan_spine_first)
 
 /* A streamed spine is checked like an expert: a flipped byte in the last layer's spine blob (the
  * last layer streams in every plan that streams any) is an error naming the blob and pack, from
- * the CLI and from doctor; through the session, the failed load poisons it, and after a reset,
- * with the pack repaired, the same store computes exactly what the resident model does. */
+ * the CLI and from doctor; through a session, the failed load leaves it untouched, and with the
+ * pack repaired the same session computes exactly what the resident model does. */
 TEST(store_spine_flipped_byte_is_named)
 {
     errbuf err;

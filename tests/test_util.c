@@ -8,31 +8,58 @@
 #include <string.h>
 #include <sys/wait.h>
 
-float *tu_eval(const model *m, const int32_t *ids, int n, int chunk, int threads, const kern_ops *k, errbuf *err)
+engine *tu_engine(const model *m, struct store *st, int threads, const kern_ops *k, errbuf *err)
 {
-    if (!k)
-        k = kern_select(NULL);
-    pool *p = pool_new(threads, err);
-    if (!p)
-        return NULL;
-    session s;
-    int V = m->hp.vocab;
+    engine_opts o;
+    engine_opts_default(&o);
+    o.threads = threads;
+    o.kernels = k ? k->name : NULL;
+    engine *e;
+    return engine_wrap(m, st, &o, &e, err) == 0 ? e : NULL;
+}
+
+session *tu_session(engine *e, int context, int max_pass, errbuf *err)
+{
+    session_opts o;
+    session_opts_default(&o);
+    o.context = context;
+    o.max_pass = o.max_logits = max_pass;
+    o.ckpt_budget = 0;
+    session *s;
+    return session_new(e, &o, &s, err) == 0 ? s : NULL;
+}
+
+float *tu_eval_engine(engine *e, const int32_t *ids, int n, int chunk, errbuf *err)
+{
+    int V = engine_hparams(e)->vocab;
     float *out = malloc(sizeof(float) * (size_t)n * V);
-    if (!out || session_init(&s, m, k, p, n, chunk, err) != 0) {
+    session *s = out ? tu_session(e, n, chunk, err) : NULL;
+    if (!s) {
         free(out);
-        pool_free(p);
         return NULL;
     }
     for (int i = 0; i < n; i += chunk) {
         int c = n - i < chunk ? n - i : chunk;
-        if (session_forward(&s, ids + i, c, out + (size_t)i * V, 1, err) != 0) {
+        session_pass p = {.tokens = ids + i, .T = c, .n_logits = c};
+        if (session_run(s, &p, err) != 0) {
             free(out);
             out = NULL;
             break;
         }
+        for (int t = 0; t < c; t++)
+            memcpy(out + (size_t)(i + t) * V, session_logits(s, t), sizeof(float) * (size_t)V);
     }
-    session_free(&s);
-    pool_free(p);
+    session_free(s);
+    return out;
+}
+
+float *tu_eval(const model *m, const int32_t *ids, int n, int chunk, int threads, const kern_ops *k, errbuf *err)
+{
+    engine *e = tu_engine(m, NULL, threads, k, err);
+    if (!e)
+        return NULL;
+    float *out = tu_eval_engine(e, ids, n, chunk, err);
+    engine_free(e);
     return out;
 }
 

@@ -5,12 +5,21 @@
 
 #include <stdint.h>
 
-#include "base/pool.h"
-#include "engine/session.h"
+#include "engine/engine.h"
+#include "kernels/kern.h"
 #include "model/model.h"
 
-/* Logits [n][vocab] of ids through a fresh session, in passes of `chunk` tokens, on `threads`
- * threads with kernel table k (NULL = best). Returns malloc'd logits or NULL (err set). */
+struct store;
+/* An engine over m and st (both borrowed; st NULL: every weight resident) on `threads` threads
+ * with kernel table k (NULL = best). NULL with err set on failure. */
+engine *tu_engine(const model *m, struct store *st, int threads, const kern_ops *k, errbuf *err);
+/* A session of e for `context` positions and passes of up to max_pass tokens, logits for every
+ * position of a pass, the default commit log and no checkpoints. */
+session *tu_session(engine *e, int context, int max_pass, errbuf *err);
+/* Logits [n][vocab] of ids through a fresh session of e, in passes of `chunk` tokens. Returns
+ * malloc'd logits or NULL (err set). */
+float *tu_eval_engine(engine *e, const int32_t *ids, int n, int chunk, errbuf *err);
+/* The same through a fresh engine over m (resident) on `threads` threads with table k. */
 float *tu_eval(const model *m, const int32_t *ids, int n, int chunk, int threads, const kern_ops *k, errbuf *err);
 /* Reads a whole float32 file; *n = float count. */
 float *tu_read_f32(const char *path, size_t *n);

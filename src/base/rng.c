@@ -35,6 +35,16 @@ uint64_t rng_next(rng *r)
 
 float rng_uniform(rng *r) { return (float)(rng_next(r) >> 40) * (1.0f / 16777216.0f); }
 
+float rng_uniform_at(uint64_t seed, uint64_t pos, uint64_t stream)
+{
+    uint64_t x = seed;
+    uint64_t a = splitmix64(&x);                  /* the seed's own stream */
+    x = a ^ (pos * 0xD1B54A32D192ED03ull);
+    uint64_t b = splitmix64(&x);
+    x = b ^ (stream * 0xABC98388FB8FAC03ull);
+    return (float)(splitmix64(&x) >> 40) * (1.0f / 16777216.0f);
+}
+
 double rng_normal(rng *r)
 {
     double u1 = ((double)(rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);

@@ -13,6 +13,9 @@ void rng_seed(rng *r, uint64_t seed);
 uint64_t rng_next(rng *r);
 /* Uniform in [0, 1) with 24 random bits (exactly representable as float). */
 float rng_uniform(rng *r);
+/* A uniform in [0, 1) with 24 random bits that depends only on (seed, pos, stream): a counter-based
+ * draw, so a sampled token's random number is the same however many passes produced it. */
+float rng_uniform_at(uint64_t seed, uint64_t pos, uint64_t stream);
 /* Standard normal (Box-Muller), for synthetic weights. */
 double rng_normal(rng *r);
 

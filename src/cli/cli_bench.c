@@ -43,12 +43,13 @@ static void draw(rng *r, int E, int K, int *ids)
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *cmd = "bench", *model = NULL, *v;
+    const char *cmd = "bench", *v;
     long tokens = 32, seed = 1;
     double drive_gbs = 0;
-    cli_store_opts so;
-    cli_store_opts_default(&so);
-    so.prefetch = 0;
+    engine_opts eo;
+    engine_opts_default(&eo);
+    eo.prefetch = 0;
+    eo.threads = 1;
     if (argc < 2 || strcmp(argv[1], "io") != 0) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
             fputs(HELP, stdout);
@@ -61,12 +62,10 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(HELP, stdout);
             return 0;
-        } else if ((r = cli_store_opt(cmd, argc, argv, &i, &so))) {
+        } else if ((r = cli_engine_opt(cmd, argc, argv, &i, &eo))) {
             if (r < 0)
                 return 2;
             continue;
-        } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
-            model = v;
         } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
             if (r > 0 && cli_long(cmd, "--tokens", v, 1, 1 << 20, &tokens))
                 return 2;
@@ -82,19 +81,20 @@ int cmd_bench(int argc, char **argv)
         if (r < 0)
             return cli_usage(cmd, "%s needs a value", argv[i]);
     }
-    if (!model || !so.ram_budget)
+    if (!eo.model || !eo.ram_budget)
         return cli_usage(cmd, "bench io needs --model and --ram-budget");
     errbuf err;
-    cli_engine e;
-    if (cli_engine_open(&e, model, 1, NULL, &so, &err) != 0)
+    engine *e;
+    if (engine_open(&eo, &e, &err) != 0)
         return cli_fail(cmd, &err);
-    if (!e.store) {
-        cli_engine_close(&e);
-        errbuf_set(&err, "%s: nothing to stream (no routed experts)", model);
+    store *sto = engine_store(e);
+    if (!sto) {
+        errbuf_set(&err, "%s: nothing to stream (no routed experts)", eo.model);
+        engine_free(e);
         return cli_fail(cmd, &err);
     }
-    const hparams *hp = &e.m.hp;
-    const weight_src *xs = store_weights(e.store);
+    const hparams *hp = engine_hparams(e);
+    const weight_src *xs = store_weights(sto);
     int K = hp->top_k, E = hp->n_experts, L = hp->n_layers, rc = 1, held = -1; /* held: the layer taken */
     int *ids = malloc(sizeof(int) * (size_t)K * (size_t)L); /* [layer][K]: this token's and the next's */
     if (!ids) {
@@ -142,7 +142,7 @@ int cmd_bench(int argc, char **argv)
     }
     double dt = timer_now() - t0;
     store_stats st;
-    store_stats_get(e.store, &st);
+    store_stats_get(sto, &st);
     double gbs = (st.bytes_read + st.spine_bytes_read) / 1e9 / dt;
     printf("bench io: %ld tokens, %.1f MB read per token (%.1f MB of it spine), %.2f s, %.2f GB/s delivered", tokens,
            (st.bytes_read + st.spine_bytes_read) / 1e6 / (double)tokens, st.spine_bytes_read / 1e6 / (double)tokens,
@@ -150,7 +150,7 @@ int cmd_bench(int argc, char **argv)
     if (drive_gbs > 0)
         printf(", %.2f of %.2f GB/s", gbs / drive_gbs, drive_gbs);
     printf(", hit rate %.1f%%\n", st.requests ? 100.0 * (double)st.hits / (double)st.requests : 0.0);
-    cli_engine_stats(&e, (int)tokens, dt);
+    engine_report(e, stderr, (int)tokens, dt);
     rc = 0;
 out:
     if (held >= 0)
@@ -158,6 +158,6 @@ out:
     if (rc)
         cli_fail(cmd, &err);
     free(ids);
-    cli_engine_close(&e);
+    engine_free(e);
     return rc;
 }

@@ -333,18 +333,20 @@ int cmd_doctor(int argc, char **argv)
         }
     }
     if (model) {
-        cli_engine e;
-        cli_store_opts so;
-        cli_store_opts_default(&so);
-        so.min_cache = 1; /* verification reads blob by blob through one slot */
+        engine *e;
+        engine_opts eo;
+        engine_opts_default(&eo);
+        eo.model = model;
+        eo.threads = 1;
+        eo.min_cache = 1; /* verification reads blob by blob through one slot */
         if (!dfsp_is_store(model)) {
             errbuf_set(&err, "%s: not a DFSP store (deltafin prepare makes one)", model);
             return cli_fail(cmd, &err);
         }
-        if (cli_engine_open(&e, model, 1, NULL, &so, &err) != 0)
+        if (engine_open(&eo, &e, &err) != 0)
             return cli_fail(cmd, &err);
-        int rc = e.store ? store_verify_all(e.store, &err) : 0;
-        cli_engine_close(&e);
+        int rc = engine_store(e) ? store_verify_all(engine_store(e), &err) : 0;
+        engine_free(e);
         if (rc != 0)
             return cli_fail(cmd, &err);
         printf("%s: every copy of every blob matches its checksum\n", model);

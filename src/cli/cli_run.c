@@ -8,10 +8,10 @@
 #include "tokenizer/tok.h"
 
 static const char *HELP =
-    "usage: deltafin run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [--chat] [--system TEXT]\n"
+    "usage: deltafin run [model options] (--prompt TEXT | --tokens 1,2,3) [--chat] [--system TEXT]\n"
     "                    [--no-thinking] [--thinking-effort low|high|max] [--max-new N] [--temperature T]\n"
-    "                    [--top-p P] [--top-k K] [--min-p P] [--seed S] [--threads N] [--prefill-chunk N]\n"
-    "                    [--print-ids] [--ignore-eos] [--stop-eos] [--stats] [--kernels auto|scalar|avx2|avx512]\n"
+    "                    [--top-p P] [--top-k K] [--min-p P] [--seed S] [--prefill-chunk N]\n"
+    "                    [--print-ids] [--ignore-eos] [--stop-eos] [--stats]\n"
     "Without --model the bundled default model is used. Temperature 0 (the default) is greedy.\n"
     "--prompt is encoded with the model's tokenizer (text typed there never becomes special tokens);\n"
     "--chat renders it as a user message in the model's chat format and stops at the end of the\n"
@@ -33,7 +33,7 @@ struct xtml {
 struct emit {
     int print_ids;
     int n;
-    cli_engine *eng; /* marked at the first token: --stats reports decode apart from the prompt */
+    engine *eng; /* marked at the first token: --stats reports decode apart from the prompt */
     tok_stream *ts; /* NULL: print ids */
     const tok *tk;
     struct xtml x;
@@ -71,7 +71,7 @@ static int on_token(void *ud, int32_t id)
 {
     struct emit *e = ud;
     if (e->n == 0)
-        cli_engine_mark(e->eng);
+        engine_mark_decode(e->eng);
     if (e->print_ids || !e->ts) {
         printf(e->n++ ? " %d" : "%d", id);
     } else {
@@ -88,18 +88,17 @@ static int on_token(void *ud, int32_t id)
 
 int cmd_run(int argc, char **argv)
 {
-    const char *cmd = "run", *model_dir = NULL, *tokens = NULL, *prompt = NULL, *system = NULL, *kernels = NULL,
-               *effort = NULL, *v;
-    long threads = 0, max_new = 64, chunk = 0, top_k = 0, seed = 0;
+    const char *cmd = "run", *tokens = NULL, *prompt = NULL, *system = NULL, *effort = NULL, *v;
+    long max_new = 64, chunk = 0, top_k = 0, seed = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     int print_ids = 0, stats = 0, stop_eos = 0, ignore_eos = 0, chat = 0, thinking = 1;
-    cli_store_opts so;
-    cli_store_opts_default(&so);
+    engine_opts eo;
+    engine_opts_default(&eo);
     for (int i = 1; i < argc; i++) {
         int r = 0;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(HELP, stdout);
-            fputs(CLI_STORE_HELP, stdout);
+            fputs(ENGINE_OPTS_HELP, stdout);
             return 0;
         } else if (!strcmp(argv[i], "--print-ids")) {
             print_ids = 1;
@@ -113,12 +112,10 @@ int cmd_run(int argc, char **argv)
             chat = 1;
         } else if (!strcmp(argv[i], "--no-thinking")) {
             thinking = 0;
-        } else if ((r = cli_store_opt(cmd, argc, argv, &i, &so))) {
+        } else if ((r = cli_engine_opt(cmd, argc, argv, &i, &eo))) {
             if (r < 0)
                 return 2;
             continue;
-        } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
-            model_dir = v;
         } else if ((r = cli_opt(argc, argv, &i, "--tokens", &v))) {
             tokens = v;
         } else if ((r = cli_opt(argc, argv, &i, "--prompt", &v))) {
@@ -127,13 +124,8 @@ int cmd_run(int argc, char **argv)
             system = v;
         } else if ((r = cli_opt(argc, argv, &i, "--thinking-effort", &v))) {
             effort = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--kernels", &v))) {
-            kernels = v;
         } else if ((r = cli_opt(argc, argv, &i, "--max-new", &v))) {
             if (r > 0 && cli_long(cmd, "--max-new", v, 0, 1 << 30, &max_new))
-                return 2;
-        } else if ((r = cli_opt(argc, argv, &i, "--threads", &v))) {
-            if (r > 0 && cli_long(cmd, "--threads", v, 1, 1024, &threads))
                 return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--prefill-chunk", &v))) {
             if (r > 0 && cli_long(cmd, "--prefill-chunk", v, 1, 1 << 20, &chunk))
@@ -165,22 +157,20 @@ int cmd_run(int argc, char **argv)
         return cli_usage(cmd, "--chat needs --prompt");
     errbuf err;
     double t0 = timer_now();
-    cli_engine e;
-    session s;
+    engine *e = NULL;
+    session *s = NULL;
     sampler sm;
-    tok *tk = NULL;
+    const tok *tk = NULL;
     tok_stream ts;
     tok_ids ids = {0};
-    float *logits = NULL;
     int rc = 1, have_stream = 0;
     int32_t *stop = NULL;
-    memset(&s, 0, sizeof s);
     memset(&sm, 0, sizeof sm);
     memset(&ts, 0, sizeof ts);
-    if (cli_engine_open(&e, model_dir, (int)threads, kernels, &so, &err) != 0)
+    if (engine_open(&eo, &e, &err) != 0)
         return cli_fail(cmd, &err);
     double t_load = timer_now() - t0;
-    const hparams *hp = &e.m.hp;
+    const hparams *hp = engine_hparams(e);
     int nstop = 0;
     if (tokens) {
         int32_t *raw;
@@ -191,17 +181,14 @@ int cmd_run(int argc, char **argv)
             tok_ids_push(&ids, raw[i]);
         free(raw);
         if (ids.n == 0) {
-            cli_engine_close(&e);
+            engine_free(e);
             tok_ids_free(&ids);
             return cli_usage(cmd, "--tokens is empty");
         }
     }
     if (prompt || !print_ids) { /* text needs the tokenizer; ids alone do not */
-        if (tok_load(&tk, e.m.dir, &err) != 0) {
-            if (prompt)
-                goto out;
-            tk = NULL; /* --tokens without a tokenizer: print ids */
-        }
+        if (!(tk = engine_tok(e, &err)) && prompt)
+            goto out; /* --tokens without a tokenizer: print ids */
     }
     if (prompt) {
         if (chat) {
@@ -251,9 +238,16 @@ int cmd_run(int argc, char **argv)
     sc.top_p = (float)top_p;
     sc.min_p = (float)min_p;
     sc.seed = (uint64_t)seed;
-    int n = (int)ids.n, T = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
-    gen_req rq = {ids.v, n, (int)max_new, stop, nstop, T};
-    struct emit em = {print_ids, 0, &e, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
+    int n = (int)ids.n;
+    session_opts so;
+    session_opts_default(&so);
+    so.context = n + (int)max_new;
+    so.max_pass = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
+    so.max_logits = 1;
+    so.max_commit = 0;  /* no drafting yet: every pass is kept whole */
+    so.ckpt_budget = 0; /* one prompt, nothing to come back to */
+    gen_req rq = {ids.v, n, (int)max_new, stop, nstop};
+    struct emit em = {print_ids, 0, e, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
     if (chat && have_stream && tok_chat_format_of(tk) == TOK_CHAT_K3) {
         em.x.open = tok_token_id(tk, "<|open|>", 8);
         em.x.close = tok_token_id(tk, "<|close|>", 9);
@@ -264,14 +258,9 @@ int cmd_run(int argc, char **argv)
             fputs("<think>", stdout); /* the prompt opened the thinking channel */
     }
     gen_stats st;
-    if (!(logits = malloc(sizeof(float) * (size_t)hp->vocab))) {
-        errbuf_set(&err, "out of memory");
+    if (sampler_init(&sm, &sc, hp->vocab, &err) || session_new(e, &so, &s, &err))
         goto out;
-    }
-    if (sampler_init(&sm, &sc, hp->vocab, &err) || session_init(&s, &e.m, e.k, e.pool, n + (int)max_new, T, &err))
-        goto out;
-    cli_engine_attach(&e, &s);
-    if (gen_run(&s, &sm, &rq, logits, on_token, &em, &st, &err) != 0)
+    if (gen_run(s, &sm, &rq, on_token, &em, &st, &err) != 0)
         goto out;
     if (have_stream) {
         size_t len;
@@ -281,28 +270,28 @@ int cmd_run(int argc, char **argv)
     printf("\n");
     fflush(stdout);
     if (stats) {
+        char what[256];
+        engine_describe(e, what, sizeof what);
         fprintf(stderr,
-                "[stats] model %s, kernels %s, %d threads\n"
+                "[stats] %s\n"
                 "[stats] load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | time to first token %.3f s\n"
                 "[stats] generated %d tokens, decode %.2f tok/s (%.3f s for %d after the first)\n",
-                hp->arch, e.k->name, pool_size(e.pool), t_load, st.n_prompt, st.t_prefill,
-                st.t_prefill > 0 ? st.n_prompt / st.t_prefill : 0.0, st.t_first, st.n_gen,
-                st.t_decode > 0 && st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0.0, st.t_decode, st.n_gen - 1);
-        cli_engine_stats(&e, st.n_prompt + st.n_gen, st.t_prefill + st.t_decode);
-        cli_engine_stats_decode(&e, st.n_gen - 1);
+                what, t_load, st.n_prompt, st.t_prefill, st.t_prefill > 0 ? st.n_prompt / st.t_prefill : 0.0,
+                st.t_first, st.n_gen, st.t_decode > 0 && st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0.0,
+                st.t_decode, st.n_gen - 1);
+        engine_report(e, stderr, st.n_prompt + st.n_gen, st.t_prefill + st.t_decode);
+        engine_report_decode(e, stderr, st.n_gen - 1);
     }
     rc = 0;
 out:
     if (rc)
         cli_fail(cmd, &err);
-    free(logits);
     free(stop);
     sampler_free(&sm);
-    session_free(&s);
+    session_free(s);
     if (have_stream)
         tok_stream_free(&ts);
-    tok_free(tk);
     tok_ids_free(&ids);
-    cli_engine_close(&e);
+    engine_free(e);
     return rc;
 }

@@ -115,7 +115,7 @@ int cmd_tokenize(int argc, char **argv)
     pool *p = NULL;
     int rc = 1;
     if (!model_dir) {
-        if (cli_default_model(dir, sizeof dir, &err))
+        if (engine_default_model(dir, sizeof dir, &err))
             return cli_fail(cmd, &err);
         model_dir = dir;
     }

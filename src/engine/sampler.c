@@ -26,7 +26,6 @@ int sampler_init(sampler *s, const sampler_cfg *cfg, int vocab, errbuf *err)
                                 "0 <= min-p <= 1, top-k >= 0");
     s->cfg = *cfg;
     s->vocab = vocab;
-    rng_seed(&s->r, cfg->seed);
     s->cand = malloc(sizeof *s->cand * (size_t)vocab);
     if (!s->cand) {
         sampler_free(s);
@@ -86,23 +85,29 @@ static void sort_cands(struct sampler_cand *c, int n)
     }
 }
 
-int32_t sampler_pick(sampler *s, const float *logits)
+int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
 {
     int V = s->vocab;
     int32_t best = sampler_argmax(logits, V);
     if (s->cfg.temperature == 0.0f)
         return best;
     float mx = logits[best], inv = 1.0f / s->cfg.temperature;
-    double sum = 0.0;
-    for (int i = 0; i < V; i++)
-        sum += km_expf((logits[i] - mx) * inv);
-    if (!isfinite(mx) || !(sum >= 1.0) || !isfinite(sum))
+    if (!isfinite(mx))
         return best; /* degenerate logits: nothing to sample from but the argmax */
-    /* candidates: tokens with non-zero mass at or above the min-p floor */
+    /* every token's unnormalised probability once, then the candidates in place: tokens with
+     * non-zero mass at or above the min-p floor */
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        float e = km_expf((logits[i] - mx) * inv);
+        s->cand[i].p = e;
+        sum += e;
+    }
+    if (!(sum >= 1.0) || !isfinite(sum))
+        return best;
     int n = 0;
     float floor_p = s->cfg.min_p * (float)(1.0 / sum); /* the top token has probability 1/sum */
     for (int i = 0; i < V; i++) {
-        float p = (float)(km_expf((logits[i] - mx) * inv) / sum);
+        float p = (float)(s->cand[i].p / sum);
         if (p > 0.0f && p >= floor_p) {
             s->cand[n].p = p;
             s->cand[n].id = i;
@@ -139,7 +144,7 @@ int32_t sampler_pick(sampler *s, const float *logits)
     double total = 0.0;
     for (int i = 0; i < n; i++)
         total += s->cand[i].p;
-    double u = (double)rng_uniform(&s->r) * total, c = 0.0;
+    double u = (double)rng_uniform_at(s->cfg.seed, (uint64_t)pos, 0) * total, c = 0.0;
     for (int i = 0; i < n; i++) {
         c += s->cand[i].p;
         if (u < c)

@@ -2,10 +2,12 @@
  *
  * temperature 0 is greedy: the argmax, lowest id on ties (exact and reproducible). Otherwise
  * the logits are divided by the temperature, softmaxed, filtered by top-k, top-p (nucleus) and
- * min-p (relative to the most likely token), renormalised, and sampled with a seeded
- * xoshiro256** generator: the same seed gives the same tokens on every machine. Without filters
- * nothing is sorted; with them, a heap keeps top-k and an in-place heapsort orders the rest.
- * Degenerate logits (NaN, infinite) fall back to the argmax.
+ * min-p (relative to the most likely token), renormalised, and sampled. The random number for
+ * the token at position p is rng_uniform_at(seed, p, 0): it depends on nothing but the seed and
+ * the position, so a continuation is the same whether it was produced one position per pass,
+ * several at once, or with a drafter's guesses verified in between; and the same on every
+ * machine. Without filters nothing is sorted; with them, a heap keeps top-k and an in-place
+ * heapsort orders the rest. Degenerate logits (NaN, infinite) fall back to the argmax.
  * Buffers are reserved at init; sampler_pick allocates nothing.
  */
 #ifndef DF_ENGINE_SAMPLER_H
@@ -26,7 +28,6 @@ typedef struct sampler_cfg {
 
 typedef struct sampler {
     sampler_cfg cfg;
-    rng r;
     int vocab;
     struct sampler_cand {
         float p;
@@ -37,7 +38,8 @@ typedef struct sampler {
 void sampler_cfg_default(sampler_cfg *c);
 int sampler_init(sampler *s, const sampler_cfg *cfg, int vocab, errbuf *err);
 void sampler_free(sampler *s);
-int32_t sampler_pick(sampler *s, const float *logits);
+/* The token for position pos (the index it will have in the sequence) from its logits. */
+int32_t sampler_pick(sampler *s, const float *logits, int64_t pos);
 /* Index of the largest value, lowest index on ties. */
 int32_t sampler_argmax(const float *v, int n);
 

@@ -1,16 +1,30 @@
-/* session.c — session state, scratch sizing, and the layer-major pass (see session.h).
+/* session.c — a sequence the engine holds: its tokens, state, logits, partial commits and the
+ * prefix reuse of session_sync (engine.h; invariants in engine_int.h).
  *
- * Residual wiring: plain pre-norm residual (h += attn(norm h); h += ffn(norm h)) for every
- * family but K3, whose Block AttnRes keeps a stack of block sums and mixes them before each
- * sub-layer (spec: kimi-k3.md §5):
- *   x = mix(stack + [prefix]) unless the stack is empty; at a block boundary the raw prefix is
- *   pushed and the running sum restarts from the attention output; the FFN input is
- *   mix(stack + [prefix]); after the last layer h = mix(stack + [prefix]) before the final norm.
+ * Reuse: the attention caches are indexed by position, so after any prefix of the history they
+ * are simply "the first p rows". KDA's recurrent state cannot be rewound, so going back to
+ * position p needs a copy of it taken at p: a checkpoint. session_sync keeps checkpoints where
+ * each sync ends (the end of a prompt, where a conversation continues) and every ckpt_every
+ * positions of a long sync, within ckpt_budget bytes; when the budget is spent, the checkpoint
+ * closest to its predecessor goes (the survivors stay spread over the history). A model without
+ * KDA needs none: every position is a checkpoint for free.
  */
-#include "engine/session.h"
-
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/engine_int.h"
+
+void session_opts_default(session_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->context = 4096;
+    o->max_pass = 256;
+    o->max_logits = 16;
+    o->max_commit = 16;
+    o->ckpt_budget = 256ull << 20;
+    o->ckpt_every = 1024;
+}
 
 static size_t kda_floats(const hparams *hp)
 {
@@ -27,345 +41,398 @@ static size_t cache_width(const hparams *hp, int kind)
     return 0;
 }
 
-static int n_stack_max(const hparams *hp)
+static float *alloc_floats(size_t n)
 {
-    return hp->attnres_block > 0 ? (hp->n_layers + hp->attnres_block - 1) / hp->attnres_block : 0;
+    void *p = NULL;
+    return posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)) == 0 ? p : NULL;
 }
 
-/* An upper bound on the floats one pass of T tokens takes from the arena: the pass's own
- * buffers plus the sum of every buffer any block kind allocates (only one block's scratch is
- * live at a time, so summing over kinds over-approximates), plus alignment slack. */
-static size_t pass_floats(const hparams *hp, const model *m, int T)
+static void ckpt_drop_all(session *s)
 {
-    size_t H = (size_t)hp->hidden, P = (size_t)hp->kda_heads * hp->kda_dim, per = 0;
-    per += H * (8 + (size_t)n_stack_max(hp));
-    int has_kda = 0, has_mla = 0, has_gqa = 0, has_dense = 0, has_moe = 0;
-    for (int i = 0; i < hp->n_layers; i++) {
-        has_kda |= hp->attn_kind[i] == ATTN_KDA;
-        has_mla |= hp->attn_kind[i] == ATTN_MLA;
-        has_gqa |= hp->attn_kind[i] == ATTN_GQA;
-        has_dense |= hp->ffn_kind[i] == FFN_DENSE;
-        has_moe |= hp->ffn_kind[i] == FFN_MOE;
-    }
-    size_t rmax = 0;
-    for (int i = 0; i < hp->n_layers; i++)
-        if (hp->attn_kind[i] == ATTN_KDA) {
-            rmax = rmax > (size_t)m->L[i].kda.f_a.rows ? rmax : (size_t)m->L[i].kda.f_a.rows;
-            rmax = rmax > (size_t)m->L[i].kda.g_a.rows ? rmax : (size_t)m->L[i].kda.g_a.rows;
-        }
-    if (has_kda)
-        per += 8 * P + 2 * rmax + (size_t)hp->kda_heads + 1;
-    if (has_mla)
-        per += (size_t)hp->n_heads * (hp->qk_nope + hp->qk_rope) + cache_width(hp, ATTN_MLA) +
-               2 * (size_t)hp->n_heads * hp->v_head + (size_t)hp->q_lora_rank;
-    if (has_gqa)
-        per += 4 * (size_t)hp->n_heads * hp->head_dim;
-    if (has_dense)
-        per += 2 * (size_t)hp->dense_inter;
-    if (has_moe) {
-        size_t D = hp->latent ? (size_t)hp->latent : H, K = (size_t)hp->top_k;
-        per += (size_t)hp->n_experts + 3 * K + K * D + 4 * D + 2 * (size_t)hp->moe_inter + H +
-               2 * (size_t)hp->shared_inter;
-    }
-    /* router scores, the expert union and counting-sort starts, the lookahead's choices; the
-     * last term covers each allocation's alignment */
-    size_t E = (size_t)hp->n_experts, moe_fixed = has_moe ? 4 * E + 2 + 2 * (size_t)hp->top_k : 0;
-    size_t fixed = moe_fixed + (size_t)hp->conv_k + (size_t)(hp->rope_dim + hp->head_dim) + 64 * 48;
-    return per * (size_t)T + fixed + (size_t)T * 64;
-}
-
-/* Per-thread scratch for kernels and attention heads, in floats. */
-static size_t thread_floats(const hparams *hp, const model *m, int cap)
-{
-    size_t need = kern_scratch_floats(m->max_cols);
-    size_t r = (size_t)hp->kv_lora_rank, mla = (size_t)hp->qk_nope * r + (size_t)hp->v_head * r + 2 * r + (size_t)cap;
-    size_t kda = 5 * (size_t)hp->kda_dim, gqa = (size_t)cap;
-    if (mla > need)
-        need = mla;
-    if (kda > need)
-        need = kda;
-    if (gqa > need)
-        need = gqa;
-    return need + 64;
-}
-
-int session_init(session *s, const model *m, const kern_ops *k, pool *p, int cap, int max_T, errbuf *err)
-{
-    memset(s, 0, sizeof *s);
-    const hparams *hp = &m->hp;
-    if (cap < 1 || max_T < 1)
-        return errbuf_set(err, "session: context %d and pass size %d must be positive", cap, max_T);
-    if (max_T > cap)
-        max_T = cap;
-    s->m = m;
-    s->k = k;
-    s->pool = p;
-    s->cap = cap;
-    s->max_T = max_T;
-    s->L = calloc((size_t)hp->n_layers, sizeof *s->L);
-    size_t rec = 0, cache = 0;
-    for (int i = 0; i < hp->n_layers; i++) {
-        if (hp->attn_kind[i] == ATTN_KDA)
-            rec += kda_floats(hp);
-        else
-            cache += cache_width(hp, hp->attn_kind[i]) * (size_t)cap;
-    }
-    s->rec_floats = rec;
-    if (!s->L || posix_memalign((void **)&s->state_mem, 64, (rec + cache + 16) * sizeof(float)) != 0) {
-        session_free(s);
-        return errbuf_set(err, "session: out of memory for the state of %d positions (%zu MiB)", cap,
-                          (rec + cache) * 4 >> 20);
-    }
-    float *rp = s->state_mem, *cp = s->state_mem + rec;
-    for (int i = 0; i < hp->n_layers; i++) {
-        if (hp->attn_kind[i] == ATTN_KDA) {
-            s->L[i].S = rp;
-            s->L[i].conv = rp + (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim;
-            rp += kda_floats(hp);
-        } else {
-            s->L[i].kv = cp;
-            cp += cache_width(hp, hp->attn_kind[i]) * (size_t)cap;
-        }
-    }
-    if (arena_init(&s->ar, pass_floats(hp, m, max_T) * sizeof(float)) != 0) {
-        session_free(s);
-        return errbuf_set(err, "session: out of memory for pass scratch (%d tokens)", max_T);
-    }
-    if (pool_reserve(p, thread_floats(hp, m, cap) * sizeof(float), err) != 0) {
-        session_free(s);
-        return -1;
-    }
-    session_reset(s);
-    return 0;
+    for (int i = 0; i < s->nck; i++)
+        free(s->ck[i].rec);
+    s->nck = 0;
+    s->st.ckpts = 0;
+    s->st.ckpt_bytes = 0;
 }
 
 void session_free(session *s)
 {
+    if (!s)
+        return;
+    ckpt_drop_all(s);
+    free(s->ck);
+    free(s->hist);
     free(s->L);
-    free(s->state_mem);
+    free(s->rec_off);
+    free(s->rec[0]);
+    free(s->rec[1]);
+    free(s->cache);
+    free(s->log);
+    free(s->lg);
     arena_free(&s->ar);
-    memset(s, 0, sizeof *s);
+    if (s->e) {
+        assert(s->e->sessions > 0);
+        s->e->sessions--;
+    }
+    free(s);
+}
+
+int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
+{
+    *out = NULL;
+    const model *m = e->m;
+    const hparams *hp = &m->hp;
+    if (o->context < 1 || o->max_pass < 1 || o->max_logits < 1 || o->max_commit < 0 || o->ckpt_every < 0)
+        return errbuf_set(err, "session: context %d, pass size %d and logits %d must be positive", o->context,
+                          o->max_pass, o->max_logits);
+    if (engine_enter(e, err))
+        return -1;
+    session *s = calloc(1, sizeof *s);
+    int rc = -1;
+    if (!s) {
+        errbuf_set(err, "session: out of memory");
+        goto out;
+    }
+    s->e = e;
+    e->sessions++;
+    s->m = m;
+    s->hp = hp;
+    s->o = *o;
+    if (s->o.max_pass > s->o.context)
+        s->o.max_pass = s->o.context;
+    if (s->o.max_logits > s->o.max_pass)
+        s->o.max_logits = s->o.max_pass;
+    if (s->o.max_commit > s->o.max_pass)
+        s->o.max_commit = s->o.max_pass;
+    size_t cache = 0, cap = (size_t)s->o.context;
+    s->L = calloc((size_t)hp->n_layers, sizeof *s->L);
+    s->rec_off = calloc((size_t)hp->n_layers, sizeof *s->rec_off);
+    s->hist = malloc(sizeof *s->hist * cap);
+    if (!s->L || !s->rec_off || !s->hist) {
+        errbuf_set(err, "session: out of memory");
+        goto out;
+    }
+    for (int i = 0; i < hp->n_layers; i++) {
+        if (hp->attn_kind[i] == ATTN_KDA) {
+            s->rec_off[i] = s->rec_floats;
+            s->rec_floats += kda_floats(hp);
+            s->n_kda++;
+        } else {
+            cache += cache_width(hp, hp->attn_kind[i]) * cap;
+        }
+    }
+    s->log_floats = s->n_kda ? blk_kda_log_floats(hp) : 0;
+    size_t logn = (size_t)s->n_kda * (size_t)s->o.max_commit * s->log_floats;
+    s->rec[0] = alloc_floats(s->rec_floats);
+    s->rec[1] = alloc_floats(s->rec_floats);
+    s->cache = alloc_floats(cache);
+    s->log = alloc_floats(logn);
+    s->lg = alloc_floats((size_t)s->o.max_logits * hp->vocab);
+    if (!s->rec[0] || !s->rec[1] || !s->cache || !s->log || !s->lg) {
+        errbuf_set(err, "session: out of memory for the state of %d positions (%zu MiB)", s->o.context,
+                   ((2 * s->rec_floats + cache + logn) * 4) >> 20);
+        goto out;
+    }
+    s->st.log_bytes = logn * sizeof(float);
+    float *cp = s->cache;
+    for (int i = 0; i < hp->n_layers; i++)
+        if (hp->attn_kind[i] != ATTN_KDA) {
+            s->L[i].kv = cp;
+            cp += cache_width(hp, hp->attn_kind[i]) * cap;
+        }
+    if (arena_init(&s->ar, pass_floats(m, s->o.max_pass) * sizeof(float)) != 0) {
+        errbuf_set(err, "session: out of memory for pass scratch (%d tokens)", s->o.max_pass);
+        goto out;
+    }
+    if (pool_reserve(e->pool, pass_thread_floats(m, s->o.context) * sizeof(float), err) != 0)
+        goto out;
+    memset(s->rec[0], 0, s->rec_floats * sizeof(float));
+    s->lg_pos = -1;
+    *out = s;
+    rc = 0;
+out:
+    engine_leave(e);
+    if (rc)
+        session_free(s);
+    return rc;
 }
 
 void session_reset(session *s)
 {
-    s->n_pos = 0;
-    s->poisoned = 0;
-    memset(s->state_mem, 0, s->rec_floats * sizeof(float));
+    ckpt_drop_all(s);
+    s->n = 0;
+    s->pend_T = 0;
+    s->cur = 0;
+    s->lg_pos = -1;
+    s->lg_n = 0;
+    memset(s->rec[0], 0, s->rec_floats * sizeof(float));
 }
 
-int session_ckpt_init(const session *s, session_ckpt *c, errbuf *err)
+int session_len(const session *s) { return s->n + s->pend_T; }
+const int32_t *session_tokens(const session *s) { return s->hist; }
+int session_context(const session *s) { return s->o.context; }
+
+void session_stats_get(const session *s, session_stats *out) { *out = s->st; }
+
+const void *session_recurrent(const session *s, size_t *bytes)
 {
-    c->n_pos = 0;
-    c->rec = malloc((s->rec_floats ? s->rec_floats : 1) * sizeof(float));
-    if (!c->rec)
-        return errbuf_set(err, "checkpoint: out of memory (%zu MiB)", s->rec_floats * 4 >> 20);
-    return 0;
+    *bytes = s->rec_floats * sizeof(float);
+    return s->rec[s->cur];
 }
 
-void session_ckpt_free(session_ckpt *c)
+static const float *logits_at(const session *s, int pos)
 {
-    free(c->rec);
-    c->rec = NULL;
+    if (pos < 0 || pos >= session_len(s) || pos < s->lg_pos || pos >= s->lg_pos + s->lg_n)
+        return NULL;
+    return s->lg + (size_t)(pos - s->lg_pos) * s->hp->vocab;
 }
 
-void session_checkpoint(const session *s, session_ckpt *c)
-{
-    c->n_pos = s->n_pos;
-    memcpy(c->rec, s->state_mem, s->rec_floats * sizeof(float));
-}
+const float *session_logits(const session *s, int t) { return t < 0 ? NULL : logits_at(s, s->pass_pos + t); }
 
-void session_rollback(session *s, const session_ckpt *c)
-{
-    s->n_pos = c->n_pos;
-    s->poisoned = 0;
-    memcpy(s->state_mem, c->rec, s->rec_floats * sizeof(float));
-}
+const float *session_last_logits(const session *s) { return logits_at(s, session_len(s) - 1); }
 
-/* Each block's scratch is released when it returns: only its output survives. */
-static int run_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
-                    float *out)
+/* A pass of T tokens at position n; nothing of s changes unless it succeeds. */
+static int run_tokens(session *s, const int32_t *tokens, int T, int n_logits, const int *taps, int n_taps,
+                      float *tap_out, errbuf *err)
 {
-    size_t mark = arena_mark(b->ar);
-    int rc;
-    switch (b->hp->attn_kind[i]) {
-    case ATTN_KDA:
-        rc = blk_kda(b, &L->kda, st, x, T, out);
-        break;
-    case ATTN_MLA:
-        rc = blk_mla(b, &L->mla, st, pos0, x, T, out);
-        break;
-    default:
-        rc = blk_gqa(b, &L->gqa, st, pos0, x, T, out);
-    }
-    arena_rewind(b->ar, mark);
-    return rc;
-}
-
-static int run_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
-{
-    size_t mark = arena_mark(b->ar);
-    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, i, &L->moe, x, T, out)
-                                           : blk_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
-    arena_rewind(b->ar, mark);
-    return rc;
-}
-
-/* AttnRes mix of stack[0..ns) and prefix, for each of T positions, into out. */
-static void mix_rows(const blk *b, float *const *stack, int ns, const float *prefix, const float *u, int T,
-                     float *out)
-{
-    int H = b->hp->hidden;
-    const float *src[MODEL_MAX_BLOCKS + 1]; /* blocks + the current stream (cfg_validate bounds them) */
-    for (int t = 0; t < T; t++) {
-        for (int j = 0; j < ns; j++)
-            src[j] = stack[j] + (size_t)t * H;
-        src[ns] = prefix + (size_t)t * H;
-        blk_attnres_mix(b, src, ns + 1, u, H, out + (size_t)t * H);
-    }
-}
-
-/* Router lookahead (the store's prefetch): before layer i's attention runs, its router is applied
- * to what its FFN input would be without that attention, the residual stream in (normed with
- * layer i's FFN norm into scratch x, which the layer overwrites before reading it). Only reads
- * start; the real router decides. Measured against guessing from layer i-1's FFN input (one
- * sublayer earlier): 93% of guesses used instead of 45% on the random-weight 12 GB k3-mini, 80%
- * instead of about 70% on the trained default model. */
-static int guess_wanted(const blk *b, int i)
-{
-    return b->xs && b->xs->prefetch && i < b->hp->n_layers && b->hp->ffn_kind[i] == FFN_MOE;
-}
-
-static void guess_next(const blk *b, int i, const layer_w *L, const float *in, int T, float *x)
-{
-    blk_rmsnorm(b, in, L->post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
-    blk_moe_guess(b, i, &L->moe, x, T);
-}
-
-/* Layer i's weights for this pass: the model's own, or the weight source's (a streamed spine). */
-static int layer_get(const blk *b, int i, const layer_w **L)
-{
-    if (b->xs && b->xs->layer)
-        return b->xs->layer(b->xs->ctx, i, L, b->err);
-    *L = &b->m->L[i];
-    return 0;
-}
-
-static void layer_put(const blk *b, int i, const layer_w **L)
-{
-    if (*L && b->xs && b->xs->layer_release)
-        b->xs->layer_release(b->xs->ctx, i);
-    *L = NULL;
-}
-
-int session_forward(session *s, const int32_t *tokens, int T, float *logits, int all_logits, errbuf *err)
-{
-    const model *m = s->m;
-    const hparams *hp = &m->hp;
-    int H = hp->hidden, pos0 = s->n_pos;
-    if (T < 1)
-        return 0;
-    if (s->poisoned)
-        return errbuf_set(err, "session: an earlier pass failed part-way; reset or roll back before the next");
-    if (T > s->max_T)
-        return errbuf_set(err, "pass of %d tokens exceeds the session's %d", T, s->max_T);
-    if (pos0 + T > s->cap)
-        return errbuf_set(err, "context full: %d + %d tokens exceed %d positions", pos0, T, s->cap);
+    const hparams *hp = s->hp;
+    if (T < 1 || T > s->o.max_pass)
+        return errbuf_set(err, "session: a pass of %d tokens (this session runs 1..%d)", T, s->o.max_pass);
+    if (n_logits < 0 || n_logits > T || n_logits > s->o.max_logits)
+        return errbuf_set(err, "session: logits for %d of %d positions (at most %d)", n_logits, T, s->o.max_logits);
+    if (s->n + T > s->o.context)
+        return errbuf_set(err, "context full: %d + %d tokens exceed %d positions", s->n, T, s->o.context);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->vocab)
-            return errbuf_set(err, "token id %d at position %d is outside the vocabulary (0..%d)", tokens[t], t,
-                              hp->vocab - 1);
+            return errbuf_set(err, "token id %d at position %d is outside the vocabulary (0..%d)", tokens[t],
+                              s->n + t, hp->vocab - 1);
+    for (int j = 0; j < n_taps; j++)
+        if (taps[j] < 0 || taps[j] >= hp->n_layers)
+            return errbuf_set(err, "session: tap of layer %d (the model has %d)", taps[j], hp->n_layers);
+    if (n_taps > 0 && !tap_out)
+        return errbuf_set(err, "session: taps asked for without a buffer");
+    int logged = s->n_kda > 0 && T <= s->o.max_commit;
+    if (pass_run(s, tokens, T, n_logits, taps, n_taps, tap_out, logged, err) != 0)
+        return -1;
+    memmove(s->hist + s->n, tokens, sizeof *tokens * (size_t)T);
+    s->pass_pos = s->n;
+    s->pend_T = T;
+    s->pend_logged = logged;
+    s->st.passes++;
+    s->st.positions_run += (uint64_t)T;
+    return 0;
+}
+
+/* Keeps n_keep of the pending pass's T positions (see session_commit). */
+static int commit(session *s, int n_keep, errbuf *err)
+{
+    int T = s->pend_T;
+    if (n_keep < 0 || n_keep > T)
+        return errbuf_set(err, "session: keep %d positions of a pass of %d", n_keep, T);
+    if (T == 0)
+        return 0;
+    if (n_keep == T) {
+        s->cur = !s->cur;
+        s->n += T;
+        s->pend_T = 0;
+        return 0;
+    }
+    s->pend_T = 0; /* rec[cur] is still the state before the pass */
+    if (n_keep == 0 || s->n_kda == 0) {
+        s->n += n_keep;
+        return 0;
+    }
+    if (!s->pend_logged) { /* a long pass: recompute the kept part (the same bits, weights read again) */
+        if (pass_run(s, s->hist + s->n, n_keep, 0, NULL, 0, NULL, 0, err) != 0)
+            return errbuf_prefix(err, "session: recomputing the %d kept positions", n_keep);
+        s->cur = !s->cur;
+        s->n += n_keep;
+        s->st.recomputed += (uint64_t)n_keep;
+        return 0;
+    }
     size_t mark = arena_mark(&s->ar);
-    blk b = {m, hp, s->k, s->pool, &s->ar, err, s->xs};
-    if (s->xs && s->xs->pass_begin)
-        s->xs->pass_begin(s->xs->ctx, T);
-    size_t TH = (size_t)T * H;
-    float *h = blk_alloc(&b, TH), *x = blk_alloc(&b, TH), *a = blk_alloc(&b, TH);
-    const layer_w *L = NULL; /* layer `li`'s weights, held from before its lookahead to its end */
-    int rc = -1, li = 0;
-    if (!h || !x || !a)
-        goto out;
-    for (int t = 0; t < T; t++)
-        s->k->decode_rows(&m->embed, tokens[t], tokens[t] + 1, h + (size_t)t * H);
-    if (layer_get(&b, 0, &L))
-        goto out;
-    if (guess_wanted(&b, 0)) /* layer 0's FFN input, less its attention: the embedding */
-        guess_next(&b, 0, L, h, T, x);
-    if (hp->attnres_block > 0) {
-        int ns = 0, B = hp->attnres_block;
-        float *stack[MODEL_MAX_BLOCKS];
-        float *prefix = h; /* running block sum; starts as the embedding */
-        float *mixed = blk_alloc(&b, TH), *stack_mem = blk_alloc(&b, TH * (size_t)n_stack_max(hp));
-        if (!mixed || !stack_mem)
-            goto out;
-        for (int i = 0; i < hp->n_layers; i++) {
-            const float *in = prefix;
-            if (ns > 0) {
-                mix_rows(&b, stack, ns, prefix, L->res_u[0], T, mixed);
-                in = mixed;
-            }
-            int restart = i % B == 0;
-            if (restart) { /* push the raw prefix; the running sum restarts below */
-                stack[ns] = stack_mem + (size_t)ns * TH;
-                memcpy(stack[ns++], prefix, TH * sizeof(float));
-            }
-            blk_rmsnorm(&b, in, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
-                goto out;
-            if (restart)
-                memcpy(prefix, a, TH * sizeof(float));
-            else
-                for (size_t j = 0; j < TH; j++)
-                    prefix[j] += a[j];
-            mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
-            blk_rmsnorm(&b, mixed, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, L, x, T, a))
-                goto out;
-            for (size_t j = 0; j < TH; j++)
-                prefix[j] += a[j];
-            layer_put(&b, li, &L);
-            if (i + 1 == hp->n_layers)
-                break;
-            if (layer_get(&b, li = i + 1, &L))
-                goto out;
-            if (guess_wanted(&b, i + 1)) { /* layer i+1's FFN input, less its attention */
-                mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
-                guess_next(&b, i + 1, L, mixed, T, x);
-            }
-        }
-        mix_rows(&b, stack, ns, prefix, m->out_res_u, T, x);
-        memcpy(h, x, TH * sizeof(float));
-    } else {
-        for (int i = 0; i < hp->n_layers; i++) {
-            blk_rmsnorm(&b, h, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
-                goto out;
-            for (size_t j = 0; j < TH; j++)
-                h[j] += a[j];
-            blk_rmsnorm(&b, h, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, L, x, T, a))
-                goto out;
-            for (size_t j = 0; j < TH; j++)
-                h[j] += a[j];
-            layer_put(&b, li, &L);
-            if (i + 1 == hp->n_layers)
-                break;
-            if (layer_get(&b, li = i + 1, &L))
-                goto out;
-            if (guess_wanted(&b, i + 1))
-                guess_next(&b, i + 1, L, h, T, x);
-        }
+    blk b = {s->m, s->hp, s->e->k, s->e->pool, &s->ar, err, NULL};
+    const hparams *hp = s->hp;
+    size_t S_floats = (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim;
+    int kda = 0, rc = 0;
+    for (int i = 0; i < hp->n_layers && rc == 0; i++) {
+        if (hp->attn_kind[i] != ATTN_KDA)
+            continue;
+        layer_state st = {0};
+        st.S = s->rec[s->cur] + s->rec_off[i];
+        st.conv = st.S + S_floats;
+        rc = blk_kda_replay(&b, &s->m->L[i].kda, &st, s->log + (size_t)kda * s->o.max_commit * s->log_floats,
+                            n_keep);
+        kda++;
     }
-    if (logits) {
-        int first = all_logits ? 0 : T - 1;
-        blk_rmsnorm(&b, h + (size_t)first * H, m->final_norm, T - first, H, hp->rms_eps, x);
-        blk_matmul(&b, &m->lm_head, x, T - first, logits);
-    }
-    s->n_pos += T;
-    rc = 0;
-out:
-    layer_put(&b, li, &L); /* a pass that failed part-way still gives its layer back */
-    s->poisoned = rc != 0; /* some layers may have advanced their state */
     arena_rewind(&s->ar, mark);
+    if (rc) { /* the replay's scratch is within the pass arena's size: this cannot happen */
+        session_reset(s);
+        return errbuf_prefix(err, "session: commit");
+    }
+    s->n += n_keep;
+    return 0;
+}
+
+int session_run(session *s, const session_pass *p, errbuf *err)
+{
+    if (engine_enter(s->e, err))
+        return -1;
+    int rc = commit(s, s->pend_T, err);
+    if (rc == 0)
+        rc = run_tokens(s, p->tokens, p->T, p->n_logits, p->taps, p->n_taps, p->tap_out, err);
+    engine_leave(s->e);
+    return rc;
+}
+
+int session_commit(session *s, int n_keep, errbuf *err)
+{
+    if (engine_enter(s->e, err))
+        return -1;
+    int rc = commit(s, n_keep, err);
+    engine_leave(s->e);
+    return rc;
+}
+
+/* ---- checkpoints ---- */
+
+static uint64_t ckpt_size(const session *s) { return s->rec_floats * sizeof(float); }
+
+/* Takes a checkpoint of rec[cur] at position n, within the budget. */
+static void ckpt_take(session *s)
+{
+    uint64_t sz = ckpt_size(s);
+    if (s->rec_floats == 0 || sz > s->o.ckpt_budget)
+        return;
+    for (int i = 0; i < s->nck; i++)
+        if (s->ck[i].pos == s->n)
+            return;
+    float *buf = NULL;
+    if ((uint64_t)(s->nck + 1) * sz > s->o.ckpt_budget) { /* evict: the one closest to its predecessor */
+        int victim = -1, gap = 0;
+        for (int i = 0; i < s->nck; i++) {
+            int g = s->ck[i].pos - (i ? s->ck[i - 1].pos : 0);
+            if (victim < 0 || g < gap) {
+                victim = i;
+                gap = g;
+            }
+        }
+        buf = s->ck[victim].rec;
+        memmove(s->ck + victim, s->ck + victim + 1, sizeof *s->ck * (size_t)(s->nck - victim - 1));
+        s->nck--;
+    }
+    if (s->nck == s->cap_ck) {
+        int cap = s->cap_ck ? 2 * s->cap_ck : 8;
+        session_ckpt *nc = realloc(s->ck, sizeof *nc * (size_t)cap);
+        if (!nc) {
+            free(buf);
+            goto count;
+        }
+        s->ck = nc;
+        s->cap_ck = cap;
+    }
+    if (!buf && !(buf = alloc_floats(s->rec_floats)))
+        goto count; /* a checkpoint is an optimisation: without memory there is none */
+    memcpy(buf, s->rec[s->cur], sz);
+    int at = s->nck;
+    while (at > 0 && s->ck[at - 1].pos > s->n)
+        at--;
+    memmove(s->ck + at + 1, s->ck + at, sizeof *s->ck * (size_t)(s->nck - at));
+    s->ck[at] = (session_ckpt){s->n, buf};
+    s->nck++;
+count:
+    s->st.ckpts = s->nck;
+    s->st.ckpt_bytes = (uint64_t)s->nck * sz;
+    if (s->st.ckpt_bytes > s->st.ckpt_peak)
+        s->st.ckpt_peak = s->st.ckpt_bytes;
+}
+
+/* Drops the checkpoints past position `keep` (their history changes). */
+static void ckpt_drop_after(session *s, int keep)
+{
+    while (s->nck > 0 && s->ck[s->nck - 1].pos > keep)
+        free(s->ck[--s->nck].rec);
+    s->st.ckpts = s->nck;
+    s->st.ckpt_bytes = (uint64_t)s->nck * ckpt_size(s);
+}
+
+/* Moves the state back to position p <= n: from a checkpoint at p (or position 0), or for free
+ * when there is no recurrent state. */
+static void rewind_to(session *s, int p)
+{
+    if (p == s->n)
+        return;
+    assert(p < s->n);
+    if (s->rec_floats == 0) {
+        s->n = p;
+        return;
+    }
+    if (p == 0) {
+        memset(s->rec[s->cur], 0, s->rec_floats * sizeof(float));
+    } else {
+        int i = s->nck - 1;
+        while (i >= 0 && s->ck[i].pos != p)
+            i--;
+        assert(i >= 0);
+        memcpy(s->rec[s->cur], s->ck[i].rec, ckpt_size(s));
+    }
+    s->n = p;
+}
+
+int session_sync(session *s, const int32_t *ids, int n, errbuf *err)
+{
+    if (engine_enter(s->e, err))
+        return -1;
+    int rc = commit(s, s->pend_T, err);
+    if (rc)
+        goto out;
+    if (n < 1) {
+        rc = errbuf_set(err, "session: sync to an empty token list");
+        goto out;
+    }
+    if (n > s->o.context) {
+        rc = errbuf_set(err, "context full: %d tokens exceed %d positions", n, s->o.context);
+        goto out;
+    }
+    s->st.syncs++;
+    int lcp = 0;
+    while (lcp < s->n && lcp < n && s->hist[lcp] == ids[lcp])
+        lcp++;
+    if (lcp == n && s->n == n && session_last_logits(s)) { /* already there */
+        s->st.reused += (uint64_t)n;
+        goto out;
+    }
+    /* the latest reachable position at or before min(lcp, n - 1): the last token must run to give
+     * its logits */
+    int limit = lcp < n - 1 ? lcp : n - 1, p = 0; /* limit <= lcp <= s->n */
+    if (s->rec_floats == 0 || s->n == limit)
+        p = limit;
+    else
+        for (int i = 0; i < s->nck; i++)
+            if (s->ck[i].pos <= limit)
+                p = s->ck[i].pos;
+    ckpt_drop_after(s, lcp);
+    rewind_to(s, p);
+    s->lg_n = 0;
+    s->st.reused += (uint64_t)p;
+    int every = s->o.ckpt_every;
+    while (s->n < n && rc == 0) {
+        int T = n - s->n < s->o.max_pass ? n - s->n : s->o.max_pass;
+        if (every > 0 && s->rec_floats > 0) { /* end chunks on checkpoint positions */
+            int next = (s->n / every + 1) * every;
+            if (next < n && next - s->n < T)
+                T = next - s->n;
+        }
+        int last = s->n + T == n;
+        if ((rc = run_tokens(s, ids + s->n, T, last, NULL, 0, NULL, err)) == 0)
+            rc = commit(s, T, err);
+        if (rc == 0 && every > 0 && s->n % every == 0 && !last)
+            ckpt_take(s);
+    }
+    if (rc == 0)
+        ckpt_take(s);
+out:
+    engine_leave(s->e);
     return rc;
 }

@@ -25,12 +25,23 @@
 #include "kernels/kmath.h"
 #include "model/model.h"
 
-/* Per-layer decode state of one sequence. */
+/* Per-layer decode state of one sequence.
+ *
+ * KDA's recurrent state is read from S_in / conv_in and the state after the pass is written to
+ * S / conv: the session keeps two copies and flips between them when a pass is kept, so a pass
+ * that fails or is only partly kept never disturbs the state before it (the pointers may also be
+ * equal: in place). MLA and GQA caches are indexed by position: a pass writes its positions'
+ * rows and a shorter history simply leaves later rows unused. */
 typedef struct layer_state {
-    float *S;     /* KDA: [kda_heads][kda_dim (k)][kda_dim (v)] recurrent state */
-    float *conv;  /* KDA: [3 (q,k,v)][conv_k - 1][P] last pre-conv inputs, oldest first */
-    float *kv;    /* MLA: [cap][kv_lora + qk_rope] (normed latent, key rope part)
-                     GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
+    const float *S_in; /* KDA: [kda_heads][kda_dim (k)][kda_dim (v)] recurrent state before the pass */
+    float *S;          /* KDA: the same shape, the state after the pass */
+    const float *conv_in; /* KDA: [3 (q,k,v)][conv_k - 1][P] last pre-conv inputs, oldest first */
+    float *conv;       /* KDA: the same, after the pass */
+    float *log;        /* KDA: [T][blk_kda_log_floats] the pass's recurrence inputs (raw q, k, v
+                          projections, forget-gate input f, beta logits), for blk_kda_replay; NULL:
+                          not logged */
+    float *kv;         /* MLA: [cap][kv_lora + qk_rope] (normed latent, key rope part)
+                          GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
 } layer_state;
 
 /* Where a pass's weights come from when they do not all sit in RAM (the weight store implements
@@ -89,6 +100,13 @@ void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *
 static inline float blk_sigmoid(float x) { return km_sigmoidf(x); }
 
 int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out);
+/* Floats one position of one KDA layer logs (4P + kda_heads). */
+size_t blk_kda_log_floats(const hparams *hp);
+/* Advances st (S and conv, in place: S_in and conv_in are ignored) over the first n positions of
+ * a logged pass, exactly as the pass did for them: the same operations in the same order, from
+ * the logged inputs, so no weight matrix is read. w supplies only the small vectors (conv taps,
+ * gate constants). */
+int blk_kda_replay(const blk *b, const kda_w *w, layer_state *st, const float *log, int n);
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);

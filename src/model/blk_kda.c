@@ -17,13 +17,15 @@
 #include "model/blk.h"
 
 /* Causal depthwise conv + SiLU over T positions for one of q/k/v, in place in u[T][P].
- * win holds the last K-1 raw inputs (oldest first) and is advanced. */
-static void short_conv(const float *wt, int K, int P, float *win, float *u, int T, float *tmp)
+ * win_in holds the last K-1 raw inputs (oldest first); the window after the T positions is
+ * written to win_out (which may be win_in). */
+static void short_conv(const float *wt, int K, int P, const float *win_in, float *win_out, float *u, int T,
+                       float *tmp)
 {
     for (int c = 0; c < P; c++) {
         /* tmp = [win[0..K-2][c], u[0..T-1][c]] */
         for (int j = 0; j < K - 1; j++)
-            tmp[j] = win[(size_t)j * P + c];
+            tmp[j] = win_in[(size_t)j * P + c];
         for (int t = 0; t < T; t++)
             tmp[K - 1 + t] = u[(size_t)t * P + c];
         const float *w = wt + (size_t)c * K;
@@ -34,7 +36,7 @@ static void short_conv(const float *wt, int K, int P, float *win, float *u, int 
             u[(size_t)t * P + c] = acc * blk_sigmoid(acc);
         }
         for (int j = 0; j < K - 1; j++)
-            win[(size_t)j * P + c] = tmp[T + j];
+            win_out[(size_t)j * P + c] = tmp[T + j];
     }
 }
 
@@ -43,7 +45,7 @@ struct kda_job {
     const kda_w *w;
     layer_state *st;
     const float *q, *k, *v, *f, *beta, *gate;
-    float *o;
+    float *o; /* NULL: only the state is wanted (replay) */
     int T;
 };
 
@@ -59,6 +61,8 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
     float qscale = 1.0f / sqrtf((float)d);
     for (int h = h0; h < h1; h++) {
         float *S = j->st->S + (size_t)h * d * d;
+        if (j->st->S_in != j->st->S)
+            memcpy(S, j->st->S_in + (size_t)h * d * d, sizeof(float) * (size_t)d * d);
         for (int t = 0; t < j->T; t++) {
             size_t base = (size_t)t * P + (size_t)h * d;
             const float *v = j->v + base;
@@ -80,6 +84,8 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
             }
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
             j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);
+            if (!j->o)
+                continue;
             /* gated RMSNorm over the head, norm before gate */
             float ss = 0.0f;
             for (int c = 0; c < d; c++)
@@ -92,16 +98,38 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
     }
 }
 
-int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out)
+size_t blk_kda_log_floats(const hparams *hp) { return 4 * (size_t)hp->kda_heads * hp->kda_dim + hp->kda_heads; }
+
+/* The recurrence from the raw projections q, k, v [T][P] (conv'd in place), f [T][P] and beta
+ * logits [T][heads]: the one code path of both the pass and its replay, so their states agree to
+ * the bit. */
+static int kda_recur(const blk *b, const kda_w *w, layer_state *st, float *q, float *k, float *v, const float *f,
+                     const float *beta, const float *gate, float *o, int T)
 {
     const hparams *hp = b->hp;
     int P = hp->kda_heads * hp->kda_dim, K = hp->conv_k;
+    float *tmp = blk_alloc(b, (size_t)T + (size_t)K);
+    if (!tmp)
+        return -1;
+    float *proj[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        short_conv(w->conv[i], K, P, st->conv_in + (size_t)i * (K - 1) * P, st->conv + (size_t)i * (K - 1) * P,
+                   proj[i], T, tmp);
+    struct kda_job j = {b, w, st, q, k, v, f, beta, gate, o, T};
+    pool_for(b->pool, hp->kda_heads, kda_heads, &j);
+    return 0;
+}
+
+int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim;
     float *q = blk_alloc(b, (size_t)T * P), *k = blk_alloc(b, (size_t)T * P), *v = blk_alloc(b, (size_t)T * P);
     float *fa = blk_alloc(b, (size_t)T * w->f_a.rows), *f = blk_alloc(b, (size_t)T * P);
     float *beta = blk_alloc(b, (size_t)T * hp->kda_heads), *gate = blk_alloc(b, (size_t)T * P);
-    float *o = blk_alloc(b, (size_t)T * P), *tmp = blk_alloc(b, (size_t)T + (size_t)K);
+    float *o = blk_alloc(b, (size_t)T * P);
     float *ga = hp->kda_full_gate ? NULL : blk_alloc(b, (size_t)T * w->g_a.rows);
-    if (!q || !k || !v || !fa || !f || !beta || !gate || !o || !tmp || (!hp->kda_full_gate && !ga))
+    if (!q || !k || !v || !fa || !f || !beta || !gate || !o || (!hp->kda_full_gate && !ga))
         return -1;
     blk_matmul(b, &w->q, x, T, q);
     blk_matmul(b, &w->k, x, T, k);
@@ -115,11 +143,44 @@ int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T
         blk_matmul(b, &w->g_a, x, T, ga);
         blk_matmul(b, &w->g_b, ga, T, gate);
     }
-    float *proj[3] = {q, k, v};
-    for (int i = 0; i < 3; i++)
-        short_conv(w->conv[i], K, P, st->conv + (size_t)i * (K - 1) * P, proj[i], T, tmp);
-    struct kda_job j = {b, w, st, q, k, v, f, beta, gate, o, T};
-    pool_for(b->pool, hp->kda_heads, kda_heads, &j);
+    if (st->log) { /* [t]: raw q, k, v, f, beta */
+        size_t L = blk_kda_log_floats(hp), PB = sizeof(float) * (size_t)P;
+        for (int t = 0; t < T; t++) {
+            float *lg = st->log + (size_t)t * L;
+            memcpy(lg, q + (size_t)t * P, PB);
+            memcpy(lg + P, k + (size_t)t * P, PB);
+            memcpy(lg + 2 * (size_t)P, v + (size_t)t * P, PB);
+            memcpy(lg + 3 * (size_t)P, f + (size_t)t * P, PB);
+            memcpy(lg + 4 * (size_t)P, beta + (size_t)t * hp->kda_heads, sizeof(float) * (size_t)hp->kda_heads);
+        }
+    }
+    if (kda_recur(b, w, st, q, k, v, f, beta, gate, o, T))
+        return -1;
     blk_matmul(b, &w->o, o, T, out);
     return 0;
+}
+
+int blk_kda_replay(const blk *b, const kda_w *w, layer_state *st, const float *log, int n)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim, nh = hp->kda_heads;
+    if (n < 1)
+        return 0;
+    float *q = blk_alloc(b, (size_t)n * P), *k = blk_alloc(b, (size_t)n * P), *v = blk_alloc(b, (size_t)n * P);
+    float *f = blk_alloc(b, (size_t)n * P), *beta = blk_alloc(b, (size_t)n * nh);
+    if (!q || !k || !v || !f || !beta)
+        return -1;
+    size_t L = blk_kda_log_floats(hp), PB = sizeof(float) * (size_t)P;
+    for (int t = 0; t < n; t++) {
+        const float *lg = log + (size_t)t * L;
+        memcpy(q + (size_t)t * P, lg, PB);
+        memcpy(k + (size_t)t * P, lg + P, PB);
+        memcpy(v + (size_t)t * P, lg + 2 * (size_t)P, PB);
+        memcpy(f + (size_t)t * P, lg + 3 * (size_t)P, PB);
+        memcpy(beta + (size_t)t * nh, lg + 4 * (size_t)P, sizeof(float) * (size_t)nh);
+    }
+    layer_state in_place = *st;
+    in_place.S_in = st->S;
+    in_place.conv_in = st->conv;
+    return kda_recur(b, w, &in_place, q, k, v, f, beta, NULL, NULL, n);
 }

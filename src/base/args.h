@@ -1,0 +1,17 @@
+/* args.h — reading command-line options: "--name value" or "--name=value", and bounded numbers.
+ *
+ * Shared by the CLI and the engine's option parser (engine/engine.h), so every subcommand spells
+ * and checks an option the same way. Errors name the option and the value given. */
+#ifndef DF_BASE_ARGS_H
+#define DF_BASE_ARGS_H
+
+#include "base/err.h"
+
+/* Matches argv[*i] against "--name value" or "--name=value". Returns 1 and sets *val (advancing
+ * *i past a separate value), 0 if it is another option, -1 if the value is missing. */
+int args_opt(int argc, char **argv, int *i, const char *name, const char **val);
+/* A decimal integer in lo..hi, or a double in lo..hi; -1 with "OPT expects ..., got 'VAL'". */
+int args_long(const char *opt, const char *val, long lo, long hi, long *out, errbuf *err);
+int args_double(const char *opt, const char *val, double lo, double hi, double *out, errbuf *err);
+
+#endif

@@ -1,0 +1,246 @@
+/* engine.c — opening a model with its weight store, pool, kernels and tokenizer (engine.h).
+ *
+ * What streams: with a DFSP store or a Hugging Face folder, the experts (and the layer spines
+ * that do not fit) stream through the store when --ram-budget is given, or when the weights do
+ * not fit in 80% of physical memory; otherwise everything stays mapped and no store is opened.
+ */
+#include <assert.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "engine/engine_int.h"
+#include "store/store.h"
+
+int engine_enter(engine *e, errbuf *err)
+{
+    int was = 0;
+    if (!atomic_compare_exchange_strong(&e->busy, &was, 1))
+        return errbuf_set(err, "engine: called while another thread is inside it (an engine and its sessions are "
+                               "driven from one thread at a time)");
+    return 0;
+}
+
+void engine_leave(engine *e) { atomic_store(&e->busy, 0); }
+
+int engine_default_model(char *out, size_t cap, errbuf *err)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = 0;
+        static const char *const rel[] = {"models/default", "../models/default", "../../models/default"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            snprintf(out, cap, "%s/%s", exe, rel[i]);
+            if (file_is_dir(out))
+                return 0;
+        }
+    }
+    if (file_is_dir("models/default")) {
+        snprintf(out, cap, "models/default");
+        return 0;
+    }
+    return errbuf_set(err, "no --model given and the bundled model (models/default) was not found");
+}
+
+/* Replaces the drive folder of every pack with the matching --drives entry. */
+static int override_drives(dfsp_info *info, const char *drives, errbuf *err)
+{
+    char buf[4096], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", drives);
+    char *dir[STORE_MAX_PACKS];
+    int n = 0;
+    for (char *t = strtok_r(buf, ",", &save); t && n < STORE_MAX_PACKS; t = strtok_r(NULL, ",", &save))
+        dir[n++] = t;
+    if (n != info->ndrives)
+        return errbuf_set(err, "--drives names %d folders, the store was prepared on %d", n, info->ndrives);
+    for (int i = 0; i < info->npacks; i++) {
+        const char *base = strrchr(info->pack_path[i], '/');
+        char np[1024];
+        snprintf(np, sizeof np, "%s/%s", dir[info->pack_drive[i]], base ? base + 1 : info->pack_path[i]);
+        snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", np);
+    }
+    return 0;
+}
+
+static engine *engine_alloc(const engine_opts *o, errbuf *err)
+{
+    const kern_ops *k = kern_select(o->kernels);
+    if (!k) {
+        errbuf_set(err, "--kernels %s: not available on this CPU or build", o->kernels);
+        return NULL;
+    }
+    engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        errbuf_set(err, "engine: out of memory");
+        return NULL;
+    }
+    e->k = k;
+    atomic_init(&e->busy, 0);
+    return e;
+}
+
+static int engine_start_pool(engine *e, const engine_opts *o, errbuf *err)
+{
+    e->pool = pool_new(o->threads > 0 ? o->threads : pool_ncpu(), err);
+    return e->pool ? 0 : -1;
+}
+
+int engine_open(const engine_opts *o, engine **out, errbuf *err)
+{
+    *out = NULL;
+    char dir[4096];
+    const char *model_dir = o->model;
+    if (!model_dir) {
+        if (engine_default_model(dir, sizeof dir, err) != 0)
+            return -1;
+        model_dir = dir;
+    }
+    engine *e = engine_alloc(o, err);
+    if (!e)
+        return -1;
+    e->own_parts = 1;
+    e->m = &e->own;
+    blob_table bt;
+    memset(&bt, 0, sizeof bt);
+    dfsp_info *info = calloc(1, sizeof *info);
+    int loaded = 0;
+    if (!info) {
+        errbuf_set(err, "out of memory");
+        goto fail;
+    }
+    e->dfsp = dfsp_is_store(model_dir);
+    if (e->dfsp) {
+        if (dfsp_open(model_dir, &e->own, &bt, info, err) != 0)
+            goto fail;
+        loaded = 1;
+        e->spine_int8 = info->spine_int8;
+        if (o->drives && override_drives(info, o->drives, err) != 0)
+            goto fail;
+    } else {
+        if (model_load(&e->own, model_dir, err) != 0)
+            goto fail;
+        loaded = 1;
+        if (o->drives) {
+            errbuf_set(err, "--drives applies to a DFSP store (deltafin prepare), not to a Hugging Face folder");
+            goto fail;
+        }
+    }
+    /* stream the experts when asked to, or when the model does not fit in 80% of RAM */
+    uint64_t budget = 0, ram = store_physical_ram();
+    if (!bt.n && blob_table_build(&bt, &e->own, err) != 0)
+        goto fail;
+    int stream = o->ram_budget > 0 || o->min_cache || (ram && bt.spine_bytes + bt.expert_bytes > ram / 10 * 8);
+    if (o->min_cache)
+        budget = bt.spine_bytes + 2 * blob_padded(bt.max_expert);
+    else if (o->ram_budget)
+        budget = o->ram_budget;
+    else
+        budget = ram / 10 * 8;
+    if (stream && bt.expert_bytes > 0) { /* with no routed experts there is nothing to stream */
+        store_cfg sc;
+        memset(&sc, 0, sizeof sc);
+        io_cfg_default(&sc.io);
+        sc.ram_budget = budget;
+        sc.prefetch = o->prefetch;
+        sc.verify = o->verify;
+        if (o->io != ENGINE_IO_AUTO)
+            sc.io.backend = o->io == ENGINE_IO_URING ? IO_URING : IO_PREAD;
+        if (o->emulate && io_parse_emulation(&sc.io, o->emulate, err) != 0)
+            goto fail;
+        char heat[4200];
+        if (e->dfsp) {
+            snprintf(heat, sizeof heat, "%s/heat.bin", model_dir);
+            sc.heat_path = heat;
+        }
+        if (store_open(&e->store, &e->own, &bt, e->dfsp ? info : NULL, &sc, err) != 0) /* takes bt */
+            goto fail;
+        e->xs = store_weights(e->store);
+    }
+    blob_table_free(&bt);
+    free(info);
+    info = NULL;
+    if (engine_start_pool(e, o, err) != 0)
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    blob_table_free(&bt);
+    free(info);
+    store_free(e->store);
+    if (loaded)
+        model_free(&e->own);
+    free(e);
+    return -1;
+}
+
+int engine_wrap(const model *m, struct store *st, const engine_opts *o, engine **out, errbuf *err)
+{
+    *out = NULL;
+    engine *e = engine_alloc(o, err);
+    if (!e)
+        return -1;
+    e->m = m;
+    e->store = st;
+    e->xs = st ? store_weights(st) : NULL;
+    if (engine_start_pool(e, o, err) != 0) {
+        free(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}
+
+void engine_free(engine *e)
+{
+    if (!e)
+        return;
+    assert(e->sessions == 0);
+    if (e->own_parts) {
+        errbuf err;
+        if (e->store && store_heat_save(e->store, &err) != 0)
+            fprintf(stderr, "deltafin: could not keep routing counts: %s\n", err.msg);
+        store_stats st = {0};
+        if (e->store)
+            store_stats_get(e->store, &st);
+        if (st.copy_failures > 0) /* the run was right, from the mirrors; a copy wants repair */
+            fprintf(stderr,
+                    "deltafin: warning: %llu reads failed or mismatched their checksum and were read from another "
+                    "copy; `deltafin doctor --model %s` names the bad copies\n",
+                    (unsigned long long)st.copy_failures, e->m->dir);
+        store_free(e->store);
+        model_free(&e->own);
+    }
+    tok_free(e->tk);
+    pool_free(e->pool);
+    free(e);
+}
+
+const hparams *engine_hparams(const engine *e) { return &e->m->hp; }
+const model *engine_model(const engine *e) { return e->m; }
+const char *engine_model_dir(const engine *e) { return e->m->dir; }
+const char *engine_kernels(const engine *e) { return e->k->name; }
+int engine_threads(const engine *e) { return pool_size(e->pool); }
+struct store *engine_store(engine *e) { return e->store; }
+
+const tok *engine_tok(engine *e, errbuf *err)
+{
+    if (e->tk)
+        return e->tk;
+    if (engine_enter(e, err))
+        return NULL;
+    if (tok_load(&e->tk, e->m->dir, err) != 0)
+        e->tk = NULL;
+    engine_leave(e);
+    return e->tk;
+}
+
+void engine_describe(const engine *e, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "model %s, kernels %s, %d threads", e->m->hp.arch, e->k->name, pool_size(e->pool));
+}

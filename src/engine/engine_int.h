@@ -1,0 +1,90 @@
+/* engine_int.h — the engine's and the session's structures, shared by the files of src/engine
+ * only (engine.h is the interface; nothing outside this folder sees these fields).
+ *
+ * Session invariants:
+ *   - rec[cur] is the recurrent state (every KDA layer's S and conv window, rec_floats floats)
+ *     after the n committed positions; hist[0..n) are their tokens.
+ *   - A pass runs positions n .. n+T-1: it reads rec[cur], writes the state after it into
+ *     rec[!cur] and the attention caches' rows n .. n+T-1, and leaves T in pend_T. Committing it
+ *     whole flips cur; in part, replays the kept positions onto rec[cur] from the log (pend_logged)
+ *     or recomputes them. A failed pass leaves pend_T 0 and rec[cur] untouched.
+ *   - Checkpoints (ck, sorted by pos) hold rec after ck[i].pos positions of the current history;
+ *     one whose position lies past a change of the history is dropped.
+ *   - lg holds the logits of lg_n consecutive positions starting at absolute position lg_pos.
+ */
+#ifndef DF_ENGINE_ENGINE_INT_H
+#define DF_ENGINE_ENGINE_INT_H
+
+#include <stdatomic.h>
+
+#include "base/arena.h"
+#include "base/pool.h"
+#include "engine/engine.h"
+#include "kernels/kern.h"
+#include "model/blk.h"
+
+struct engine {
+    model own;              /* the model engine_open loaded (unused by engine_wrap) */
+    const model *m;
+    struct store *store;    /* NULL: every weight resident */
+    const weight_src *xs;   /* the store's weight source, NULL with it */
+    int own_parts;          /* 1: m and store belong to the engine */
+    pool *pool;
+    const kern_ops *k;
+    tok *tk;                /* loaded on first use */
+    int dfsp, spine_int8;
+    int sessions;           /* alive; engine_free asserts none */
+    atomic_int busy;        /* a thread is inside the engine */
+    /* engine_mark_decode */
+    double mark_t;
+    uint64_t mark_bytes, mark_drive[16];
+};
+
+/* Each call from outside that runs, reads or changes a session or the engine brackets itself
+ * with these: a second thread finds `busy` set and gets an error instead of a race. */
+int engine_enter(engine *e, errbuf *err);
+void engine_leave(engine *e);
+
+typedef struct session_ckpt {
+    int pos;
+    float *rec; /* [rec_floats] */
+} session_ckpt;
+
+struct session {
+    engine *e;
+    const model *m;
+    const hparams *hp;
+    session_opts o;
+    int32_t *hist;          /* [context] */
+    int n;                  /* committed positions */
+    int pass_pos;           /* position of the last pass's first token */
+    int pend_T;             /* the last pass, not yet committed (0: none) */
+    int pend_logged;        /* it logged its recurrence inputs */
+    layer_state *L;         /* [n_layers] */
+    float *rec[2];          /* [rec_floats] each */
+    int cur;
+    size_t rec_floats;
+    size_t *rec_off;        /* [n_layers] offset of a KDA layer's S in rec (its conv follows) */
+    float *cache;           /* attention caches of every MLA/GQA layer for `context` positions */
+    float *log;             /* [max_commit][n_kda][log_floats] */
+    int n_kda;
+    size_t log_floats;      /* per position per KDA layer */
+    float *lg;              /* [max_logits][vocab] */
+    int lg_pos, lg_n;
+    arena ar;               /* pass scratch */
+    session_ckpt *ck;
+    int nck, cap_ck;
+    session_stats st;
+};
+
+/* The layer-major pass (pass.c): runs tokens[0..T) at positions s->n .. s->n+T-1 as session.h
+ * describes (reads rec[cur], writes rec[!cur] and the caches; `logged`: the commit log too), the
+ * last n_logits positions' logits into s->lg, taps into tap_out. Changes nothing else of s. */
+int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *taps, int n_taps, float *tap_out,
+             int logged, errbuf *err);
+/* The pass arena's size for passes of T tokens, in floats. */
+size_t pass_floats(const model *m, int T);
+/* The pool scratch each thread needs for a session of `context` positions, in floats. */
+size_t pass_thread_floats(const model *m, int context);
+
+#endif
