@@ -82,6 +82,7 @@ static engine *engine_alloc(const engine_opts *o, errbuf *err)
     }
     e->k = k;
     atomic_init(&e->busy, 0);
+    atomic_init(&e->sessions, 0);
     return e;
 }
 
@@ -200,7 +201,7 @@ void engine_free(engine *e)
 {
     if (!e)
         return;
-    assert(e->sessions == 0);
+    assert(atomic_load(&e->sessions) == 0);
     if (e->own_parts) {
         errbuf err;
         if (e->store && store_heat_save(e->store, &err) != 0)
@@ -230,14 +231,13 @@ struct store *engine_store(engine *e) { return e->store; }
 
 const tok *engine_tok(engine *e, errbuf *err)
 {
-    if (e->tk)
-        return e->tk;
     if (engine_enter(e, err))
         return NULL;
-    if (tok_load(&e->tk, e->m->dir, err) != 0)
+    if (!e->tk && tok_load(&e->tk, e->m->dir, err) != 0)
         e->tk = NULL;
+    const tok *t = e->tk;
     engine_leave(e);
-    return e->tk;
+    return t;
 }
 
 void engine_describe(const engine *e, char *buf, size_t cap)

@@ -33,7 +33,7 @@ struct engine {
     const kern_ops *k;
     tok *tk;                /* loaded on first use */
     int dfsp, spine_int8;
-    int sessions;           /* alive; engine_free asserts none */
+    atomic_int sessions;    /* alive; engine_free asserts none */
     atomic_int busy;        /* a thread is inside the engine */
     /* engine_mark_decode */
     double mark_t;

@@ -72,8 +72,9 @@ void session_free(session *s)
     free(s->lg);
     arena_free(&s->ar);
     if (s->e) {
-        assert(s->e->sessions > 0);
-        s->e->sessions--;
+        int was = atomic_fetch_sub(&s->e->sessions, 1);
+        assert(was > 0);
+        (void)was;
     }
     free(s);
 }
@@ -95,7 +96,7 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
         goto out;
     }
     s->e = e;
-    e->sessions++;
+    atomic_fetch_add(&e->sessions, 1);
     s->m = m;
     s->hp = hp;
     s->o = *o;

@@ -1,0 +1,421 @@
+/* test_session.c — the session API keeps the exactness contract through everything it does
+ * besides a plain pass:
+ *   - session_sync to random prefixes with random points of divergence gives the logits of a cold
+ *     run (memcmp), reusing checkpoints kept within their byte budget (counted);
+ *   - session_commit(n_keep) of a T = 8 pass leaves the next pass's logits and the whole recurrent
+ *     state equal to those of a session that only ever ran the kept tokens, for every n_keep, both
+ *     from the commit log and by recomputing a pass longer than the log;
+ *   - taps are bit-identical whatever the chunking and thread count, and are what the pass uses
+ *     (the logits follow from them);
+ *   - sampling keyed by position gives the same ids whatever the prefill chunk, and the same ids
+ *     again when every position is sampled from one pass over the whole sequence;
+ *   - an engine driven from two threads at once refuses the second caller instead of racing.
+ * On the K3, Kimi-Linear, DeepSeek-V3 and Qwen3 oracle cases (and the bundled model). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/rng.h"
+#include "base/timer.h"
+#include "engine/generate.h"
+#include "model/blk.h"
+#include "test.h"
+#include "test_util.h"
+
+static const char *const CASES[] = {"kimi_k3-b", "kimi_linear-a", "deepseek_v3-a", "qwen3-a"};
+enum { NCASES = sizeof CASES / sizeof CASES[0] };
+
+static const char *case_dir(const char *name)
+{
+    static char d[4096];
+    snprintf(d, sizeof d, "%s/%s", test_data("oracle"), name);
+    return d;
+}
+
+/* logits of the last of ids[0..n) from a cold session */
+static float *cold_last(const model *m, const int32_t *ids, int n, errbuf *err)
+{
+    float *all = tu_eval(m, ids, n, n, 2, NULL, err);
+    if (!all)
+        return NULL;
+    size_t V = (size_t)m->hp.vocab;
+    memmove(all, all + (size_t)(n - 1) * V, V * sizeof(float));
+    return all;
+}
+
+static void sync_case(const char *name)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
+    int V = m.hp.vocab;
+    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+    CHECKF(e, "%s", err.msg);
+    size_t ckpt = 0;
+    session_opts so;
+    session_opts_default(&so);
+    so.context = 64;
+    so.max_pass = 5;
+    so.ckpt_every = 4;
+    session *s = NULL;
+    CHECK(session_new(e, &so, &s, &err) == 0);
+    session_recurrent(s, &ckpt);
+    session_free(s);
+    so.ckpt_budget = 3 * (uint64_t)ckpt; /* room for three: eviction happens */
+    CHECK(session_new(e, &so, &s, &err) == 0);
+    rng r;
+    rng_seed(&r, 7);
+    int32_t cur[64], next[64];
+    int ncur = 0, rounds = 14;
+    for (int k = 0; k < rounds && !test_failed(); k++) {
+        /* diverge from the current ids at a random point (or extend, or shorten them) */
+        int d = ncur ? (int)(rng_next(&r) % (uint64_t)(ncur + 1)) : 0;
+        int n = d + 1 + (int)(rng_next(&r) % 20);
+        if (k % 5 == 4)
+            n = d > 0 ? d : 1; /* a prefix of what the session holds */
+        if (n > 60)
+            n = 60;
+        memcpy(next, cur, sizeof *cur * (size_t)(d < n ? d : n));
+        for (int i = d; i < n; i++)
+            next[i] = (int32_t)(rng_next(&r) % (uint64_t)V);
+        CHECKF(session_sync(s, next, n, &err) == 0, "%s round %d: %s", name, k, err.msg);
+        float *want = cold_last(&m, next, n, &err);
+        CHECKF(want, "%s", err.msg);
+        const float *got = session_last_logits(s);
+        int same = got && memcmp(got, want, sizeof(float) * (size_t)V) == 0;
+        free(want);
+        CHECKF(same, "%s round %d: logits after a sync to %d ids (diverging at %d) differ from a cold run", name, k,
+               n, d);
+        CHECKF(session_len(s) == n && !memcmp(session_tokens(s), next, sizeof *next * (size_t)n), "%s: history", name);
+        memcpy(cur, next, sizeof *next * (size_t)n);
+        ncur = n;
+    }
+    session_stats st;
+    session_stats_get(s, &st);
+    if (!test_failed()) {
+        CHECKF(st.reused > 0, "%s: no sync reused anything", name);
+        CHECKF(st.ckpt_peak <= so.ckpt_budget && st.ckpts <= 3, "%s: %d checkpoints, peak %llu bytes over a budget of %llu",
+               name, st.ckpts, (unsigned long long)st.ckpt_peak, (unsigned long long)so.ckpt_budget);
+        CHECKF(ckpt == 0 || st.ckpt_peak > 0, "%s: no checkpoint was kept", name);
+    }
+    session_free(s);
+    engine_free(e);
+    model_free(&m);
+}
+
+TEST(session_sync_kimi_k3) { sync_case("kimi_k3-b"); }
+TEST(session_sync_kimi_linear) { sync_case("kimi_linear-a"); }
+TEST(session_sync_deepseek) { sync_case("deepseek_v3-a"); }
+TEST(session_sync_qwen3) { sync_case("qwen3-a"); }
+
+/* Commit: prompt P (10 ids), a pass D of 8, keep n_keep, then a pass X of 3 with logits; against a
+ * session that synced to P + D[0..n_keep) and ran X. max_commit 16 keeps from the log, 4 makes
+ * the T = 8 pass too long to log (recomputed). */
+static void commit_case(const char *name)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
+    int V = m.hp.vocab;
+    size_t VB = sizeof(float) * (size_t)V;
+    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+    CHECKF(e, "%s", err.msg);
+    int32_t P[10], D[8], X[3], kept[18];
+    for (int i = 0; i < 10; i++)
+        P[i] = (int32_t)((i * 37 + 11) % V);
+    for (int i = 0; i < 8; i++)
+        D[i] = (int32_t)((i * 53 + 5) % V);
+    for (int i = 0; i < 3; i++)
+        X[i] = (int32_t)((i * 71 + 2) % V);
+    for (int logged = 1; logged >= 0 && !test_failed(); logged--) {
+        session_opts so;
+        session_opts_default(&so);
+        so.context = 32;
+        so.max_pass = 10;
+        so.max_logits = 10;
+        so.max_commit = logged ? 16 : 4;
+        so.ckpt_budget = 0;
+        for (int keep = 0; keep <= 8 && !test_failed(); keep++) {
+            session *a = NULL, *b = NULL;
+            CHECK(session_new(e, &so, &a, &err) == 0 && session_new(e, &so, &b, &err) == 0);
+            session_pass pd = {.tokens = D, .T = 8, .n_logits = 8}, px = {.tokens = X, .T = 3, .n_logits = 3};
+            memcpy(kept, P, sizeof P);
+            memcpy(kept + 10, D, sizeof *D * (size_t)keep);
+            int ok = session_sync(a, P, 10, &err) == 0 && session_run(a, &pd, &err) == 0 &&
+                     session_commit(a, keep, &err) == 0;
+            ok = ok && session_len(a) == 10 + keep && session_sync(b, kept, 10 + keep, &err) == 0;
+            if (ok && keep > 0) /* the kept positions' logits survive the commit */
+                ok = !memcmp(session_logits(a, keep - 1), session_last_logits(b), VB) ||
+                     !errbuf_set(&err, "the logits of the last kept position changed");
+            size_t na, nb;
+            const void *ra = session_recurrent(a, &na), *rb = session_recurrent(b, &nb);
+            if (ok && (na != nb || memcmp(ra, rb, na) != 0))
+                ok = !errbuf_set(&err, "recurrent state differs after the commit");
+            ok = ok && session_run(a, &px, &err) == 0 && session_run(b, &px, &err) == 0;
+            for (int t = 0; ok && t < 3; t++)
+                if (memcmp(session_logits(a, t), session_logits(b, t), VB) != 0)
+                    ok = !errbuf_set(&err, "the next pass's logits differ at its position %d", t);
+            ok = ok && session_commit(a, 3, &err) == 0 && session_commit(b, 3, &err) == 0;
+            ra = session_recurrent(a, &na);
+            rb = session_recurrent(b, &nb);
+            if (ok && memcmp(ra, rb, na) != 0)
+                ok = !errbuf_set(&err, "recurrent state differs after the next pass");
+            session_stats st;
+            session_stats_get(a, &st);
+            if (ok && !logged && keep > 0 && keep < 8 && m.hp.kda_heads > 0 && st.recomputed != (uint64_t)keep)
+                ok = !errbuf_set(&err, "recomputed %llu positions, expected %d", (unsigned long long)st.recomputed,
+                                 keep);
+            session_free(a);
+            session_free(b);
+            CHECKF(ok, "%s, keep %d of 8 (%s): %s", name, keep, logged ? "from the log" : "recomputed", err.msg);
+        }
+    }
+    engine_free(e);
+    model_free(&m);
+}
+
+TEST(session_commit_kimi_k3) { commit_case("kimi_k3-b"); }
+TEST(session_commit_kimi_linear) { commit_case("kimi_linear-a"); }
+TEST(session_commit_deepseek) { commit_case("deepseek_v3-a"); }
+TEST(session_commit_qwen3) { commit_case("qwen3-a"); }
+
+/* taps of every layer for ids, in passes of chunk on `threads` threads: [n][L][H] */
+static float *all_taps(const model *m, const int32_t *ids, int n, int chunk, int threads, float *logits_last,
+                       errbuf *err)
+{
+    int L = m->hp.n_layers, H = m->hp.hidden, *layers = malloc(sizeof(int) * (size_t)L);
+    float *taps = malloc(sizeof(float) * (size_t)n * L * H);
+    engine *e = tu_engine(m, NULL, threads, NULL, err);
+    session *s = e ? tu_session(e, n, chunk, err) : NULL;
+    int ok = s && layers && taps;
+    for (int i = 0; i < L && ok; i++)
+        layers[L - 1 - i] = i; /* any order */
+    for (int i = 0; i < n && ok; i += chunk) {
+        int c = n - i < chunk ? n - i : chunk;
+        session_pass p = {ids + i, c, c, layers, L, taps + (size_t)i * L * H};
+        ok = session_run(s, &p, err) == 0;
+        if (ok && i + c == n && logits_last)
+            memcpy(logits_last, session_logits(s, c - 1), sizeof(float) * (size_t)m->hp.vocab);
+    }
+    session_free(s);
+    engine_free(e);
+    free(layers);
+    if (!ok) {
+        free(taps);
+        return NULL;
+    }
+    return taps; /* [t][j] with layer L-1-j */
+}
+
+static void taps_case(const char *dir)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    const hparams *hp = &m.hp;
+    int n = 13, L = hp->n_layers, H = hp->hidden, V = hp->vocab;
+    int32_t ids[13];
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 101 + 7) % V);
+    float *last = malloc(sizeof(float) * (size_t)V);
+    float *ref = all_taps(&m, ids, n, n, 2, last, &err);
+    CHECKF(ref, "%s: %s", dir, err.msg);
+    size_t bytes = sizeof(float) * (size_t)n * L * H;
+    int chunks[3] = {1, 3, 5}, threads[3] = {2, 1, 3};
+    for (int k = 0; k < 3 && !test_failed(); k++) {
+        float *got = all_taps(&m, ids, n, chunks[k], threads[k], NULL, &err);
+        int same = got && memcmp(got, ref, bytes) == 0;
+        free(got);
+        CHECKF(same, "%s: taps in chunks of %d on %d threads differ from one pass", dir, chunks[k], threads[k]);
+    }
+    /* the logits follow from the taps: the last layer's stream (mixed with the block sums leaving
+     * each block's last layer and the embedding, for AttnRes), normed, through the head */
+    engine *e = tu_engine(&m, NULL, 1, NULL, &err);
+    pool *p = pool_new(1, &err);
+    arena ar;
+    CHECK(e && p && arena_init(&ar, sizeof(float) * 4 * (size_t)(H + V)) == 0);
+    CHECK(pool_reserve(p, sizeof(float) * kern_scratch_floats(m.max_cols), &err) == 0);
+    blk b = {&m, hp, kern_select(NULL), p, &ar, &err, NULL};
+    float *h = malloc(sizeof(float) * (size_t)H), *x = malloc(sizeof(float) * (size_t)H);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    const float *tap_last = ref + (size_t)(n - 1) * L * H; /* position n-1: [j] is layer L-1-j */
+    if (hp->attnres_block > 0) {
+        const float *src[MODEL_MAX_BLOCKS + 1];
+        int ns = 0;
+        kern_select(NULL)->decode_rows(&m.embed, ids[n - 1], ids[n - 1] + 1, x);
+        src[ns++] = x;
+        for (int i = hp->attnres_block - 1; i < L - 1; i += hp->attnres_block)
+            src[ns++] = tap_last + (size_t)(L - 1 - i) * H;
+        src[ns++] = tap_last; /* layer L-1: the current prefix */
+        blk_attnres_mix(&b, src, ns, m.out_res_u, H, h);
+    } else {
+        memcpy(h, tap_last, sizeof(float) * (size_t)H);
+    }
+    blk_rmsnorm(&b, h, m.final_norm, 1, H, hp->rms_eps, h);
+    blk_matmul(&b, &m.lm_head, h, 1, lg);
+    int same = memcmp(lg, last, sizeof(float) * (size_t)V) == 0;
+    free(h);
+    free(x);
+    free(lg);
+    free(last);
+    free(ref);
+    arena_free(&ar);
+    pool_free(p);
+    engine_free(e);
+    model_free(&m);
+    CHECKF(same, "%s: the logits do not follow from the taps", dir);
+}
+
+TEST(session_taps_kimi_k3) { taps_case(case_dir("kimi_k3-b")); }
+TEST(session_taps_kimi_k3_attnres2) { taps_case(case_dir("kimi_k3-a")); }
+TEST(session_taps_kimi_linear) { taps_case(case_dir("kimi_linear-a")); }
+TEST(session_taps_qwen3) { taps_case(case_dir("qwen3-a")); }
+TEST(session_taps_default_model) { taps_case("models/default"); }
+
+/* ids sampled at temperature 0.8 with seed 11 after `prompt`, the prompt synced in passes of chunk */
+static int sampled(engine *e, const int32_t *prompt, int n, int chunk, int32_t *out, int G, errbuf *err)
+{
+    session_opts so;
+    session_opts_default(&so);
+    so.context = n + G;
+    so.max_pass = chunk;
+    session *s = NULL;
+    sampler sm;
+    sampler_cfg sc;
+    sampler_cfg_default(&sc);
+    sc.temperature = 0.8f;
+    sc.seed = 11;
+    if (session_new(e, &so, &s, err) != 0 || sampler_init(&sm, &sc, engine_hparams(e)->vocab, err) != 0) {
+        session_free(s);
+        return -1;
+    }
+    int rc = session_sync(s, prompt, n, err);
+    const float *lg = session_last_logits(s);
+    for (int g = 0; g < G && rc == 0; g++) {
+        out[g] = sampler_pick(&sm, lg, session_len(s));
+        session_pass p = {.tokens = &out[g], .T = 1, .n_logits = 1};
+        rc = session_run(s, &p, err);
+        lg = session_logits(s, 0);
+    }
+    sampler_free(&sm);
+    session_free(s);
+    return rc;
+}
+
+TEST(session_sampling_keyed_by_position)
+{
+    errbuf err;
+    engine_opts o;
+    engine_opts_default(&o);
+    o.model = "models/default";
+    o.threads = 2;
+    engine *e;
+    CHECKF(engine_open(&o, &e, &err) == 0, "%s", err.msg);
+    int V = engine_hparams(e)->vocab;
+    enum { N = 20, G = 24 };
+    int32_t prompt[N], ref[G], got[G], seq[N + G];
+    for (int i = 0; i < N; i++)
+        prompt[i] = (int32_t)((i * 389 + 17) % V);
+    CHECKF(sampled(e, prompt, N, N, ref, G, &err) == 0, "%s", err.msg);
+    int distinct = 0;
+    for (int g = 1; g < G; g++)
+        distinct += ref[g] != ref[0];
+    CHECKF(distinct > 0, "the sampled ids are all one token: the test cannot tell anything");
+    int chunks[2] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        CHECKF(sampled(e, prompt, N, chunks[k], got, G, &err) == 0, "%s", err.msg);
+        CHECKF(!memcmp(got, ref, sizeof ref), "prefill in chunks of %d sampled other ids", chunks[k]);
+    }
+    /* every position from one pass over prompt + the sampled ids */
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + N, ref, sizeof ref);
+    session *s = tu_session(e, N + G, N + G, &err);
+    sampler sm;
+    sampler_cfg sc;
+    sampler_cfg_default(&sc);
+    sc.temperature = 0.8f;
+    sc.seed = 11;
+    CHECK(s && sampler_init(&sm, &sc, V, &err) == 0);
+    session_pass p = {.tokens = seq, .T = N + G - 1, .n_logits = N + G - 1};
+    CHECKF(session_run(s, &p, &err) == 0, "%s", err.msg);
+    for (int g = 0; g < G; g++)
+        got[g] = sampler_pick(&sm, session_logits(s, N - 1 + g), N + g);
+    sampler_free(&sm);
+    session_free(s);
+    engine_free(e);
+    CHECKF(!memcmp(got, ref, sizeof ref), "sampling every position of one pass gave other ids");
+}
+
+/* Two threads drive one engine: each call either runs (and computes the right logits) or is
+ * refused with the engine's one-thread error; never both at once (TSan would see the race). */
+struct racer {
+    engine *e;
+    const int32_t *ids;
+    int n;
+    const float *want; /* logits of the last id */
+    int V;
+    int runs, refused, wrong;
+    char msg[256];
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    errbuf err;
+    session *s = NULL;
+    double t_end = timer_now() + 30; /* a bound, far beyond what the runs take */
+    while (!s && timer_now() < t_end) {
+        if (!(s = tu_session(r->e, r->n, r->n, &err)) && !strstr(err.msg, "one thread")) {
+            snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 50000}, NULL);
+    }
+    /* until 40 runs each (or a bound on attempts); a pause after each run lets the other in */
+    while (s && r->runs < 40 && timer_now() < t_end && !r->msg[0]) {
+        session_reset(s);
+        if (session_sync(s, r->ids, r->n, &err) != 0) {
+            if (strstr(err.msg, "one thread at a time"))
+                r->refused++;
+            else
+                snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+            sched_yield();
+            continue;
+        }
+        r->runs++;
+        r->wrong += memcmp(session_last_logits(s), r->want, sizeof(float) * (size_t)r->V) != 0;
+        nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
+    session_free(s);
+    return NULL;
+}
+
+TEST(engine_refuses_a_second_thread)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 97 + 1) % m.hp.vocab);
+    float *want = cold_last(&m, ids, N, &err);
+    CHECKF(want, "%s", err.msg);
+    engine *e = tu_engine(&m, NULL, 1, NULL, &err);
+    CHECKF(e, "%s", err.msg);
+    struct racer a = {e, ids, N, want, m.hp.vocab, 0, 0, 0, ""}, b = a;
+    pthread_t ta, tb;
+    CHECK(pthread_create(&ta, NULL, race, &a) == 0 && pthread_create(&tb, NULL, race, &b) == 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    engine_free(e);
+    free(want);
+    model_free(&m);
+    CHECKF(!a.msg[0] && !b.msg[0], "%s%s", a.msg, b.msg);
+    CHECKF(a.wrong + b.wrong == 0, "%d runs computed other logits", a.wrong + b.wrong);
+    CHECKF(a.runs > 0 && b.runs > 0, "runs: %d and %d, refused %d and %d", a.runs, b.runs, a.refused, b.refused);
+    CHECKF(a.refused + b.refused > 0, "never refused in %d + %d runs: the threads never met", a.runs, b.runs);
+}
