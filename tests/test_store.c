@@ -16,7 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/jsonr.h"
+#include "model/st_write.h"
 #include "store/dfsp.h"
 #include "store/store.h"
 #include "test.h"
@@ -1085,4 +1087,143 @@ TEST(store_spine_int8)
     CHECKF(strstr(err.msg, "nothing to code") && access(none, F_OK) != 0, "%s", err.msg);
     snprintf(cmd, sizeof cmd, "%s prepare --model models/default --out %s --spine int4", tu_bin(), part);
     CHECKF(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--spine must be as-released or int8"), "%s", out);
+}
+
+/* ---- fused experts ---- */
+
+struct fuse_ctx {
+    const st_set *src;
+    const st_wtensor *w;
+    char (*layer_prefix)[128]; /* [n] for a fused tensor: "model.layers.L.mlp.", else "" */
+    int *kind;                 /* [n] 0 copy, 1 gate_up, 2 down */
+    int E;
+};
+
+static int fuse_fill(void *ud, int idx, uint8_t *buf, uint64_t n, errbuf *err)
+{
+    struct fuse_ctx *c = ud;
+    if (c->kind[idx] == 0) {
+        const st_tensor *t = st_find(c->src, c->w[idx].name);
+        memcpy(buf, t->data, n);
+        return 0;
+    }
+    uint64_t at = 0;
+    for (int e = 0; e < c->E; e++) {
+        static const char *const parts[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
+        for (int k = 0; k < 2 && parts[c->kind[idx] - 1][k]; k++) {
+            char name[400];
+            snprintf(name, sizeof name, "%sexperts.%d.%s.weight", c->layer_prefix[idx], e,
+                     parts[c->kind[idx] - 1][k]);
+            const st_tensor *t = st_find(c->src, name);
+            if (!t)
+                return errbuf_set(err, "no %s", name);
+            memcpy(buf + at, t->data, t->end - t->begin);
+            at += t->end - t->begin;
+        }
+    }
+    return at == n ? 0 : errbuf_set(err, "fused tensor %d: %llu of %llu bytes", idx, (unsigned long long)at,
+                                    (unsigned long long)n);
+}
+
+/* Writes dst: src (per-expert Qwen3-MoE) with each MoE layer's experts in transformers' fused
+ * layout, experts.gate_up_proj [E, 2I, H] (gate rows first) and experts.down_proj [E, H, I]. */
+static void write_fused(const char *src, const char *dst, errbuf *err, int *ok)
+{
+    model m;
+    *ok = 0;
+    if (model_load(&m, src, err) != 0)
+        return;
+    mkdir(dst, 0755);
+    char a[4200], b[4200];
+    static const char *const small[] = {"config.json", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, small[i]);
+        snprintf(b, sizeof b, "%s/%s", dst, small[i]);
+        copy_file(a, b);
+    }
+    int n = 0, E = m.hp.n_experts, I = m.hp.moe_inter, H = m.hp.hidden;
+    st_wtensor *w = calloc((size_t)m.st.n + 2 * (size_t)m.hp.n_layers, sizeof *w);
+    struct fuse_ctx c = {&m.st, w, calloc((size_t)m.st.n + 2 * (size_t)m.hp.n_layers, 128),
+                         calloc((size_t)m.st.n + 2 * (size_t)m.hp.n_layers, sizeof(int)), E};
+    for (int i = 0; i < m.st.n; i++) {
+        const st_tensor *t = &m.st.t[i];
+        if (strstr(t->name, ".experts."))
+            continue;
+        snprintf(w[n].name, sizeof w[n].name, "%s", t->name);
+        w[n].dtype = t->dtype;
+        w[n].ndim = t->ndim;
+        memcpy(w[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    for (int l = 0; l < m.hp.n_layers; l++) {
+        if (m.hp.ffn_kind[l] != FFN_MOE)
+            continue;
+        for (int k = 1; k <= 2; k++) {
+            snprintf(c.layer_prefix[n], 128, "model.layers.%d.mlp.", l);
+            snprintf(w[n].name, sizeof w[n].name, "model.layers.%d.mlp.experts.%s", l,
+                     k == 1 ? "gate_up_proj" : "down_proj");
+            w[n].dtype = ST_BF16;
+            w[n].ndim = 3;
+            w[n].shape[0] = E;
+            w[n].shape[1] = k == 1 ? 2 * I : H;
+            w[n].shape[2] = k == 1 ? H : I;
+            c.kind[n++] = k;
+        }
+    }
+    snprintf(a, sizeof a, "%s/model.safetensors", dst);
+    *ok = st_write_file(a, w, n, fuse_fill, &c, err) == 0;
+    free(w);
+    free(c.layer_prefix);
+    free(c.kind);
+    model_free(&m);
+}
+
+/* Transformers' fused 3-D expert tensors are experts to the store: each expert's slices form its
+ * own blob, so they stream. A Qwen3-MoE checkpoint in the fused layout gives the logits of the
+ * same weights per expert: resident, from a Hugging Face folder and from DFSP stores with budgets
+ * below its size (compare_all); the store keeps the slices as per-expert tensors. */
+TEST(store_fused_experts_stream)
+{
+    errbuf err;
+    const char *src = test_data("oracle/qwen3_moe-a");
+    char *dst = dir_in_tmp("fused-qwen3-moe");
+    int ok;
+    write_fused(src, dst, &err, &ok);
+    CHECKF(ok, "%s", err.msg);
+    model per, fused;
+    CHECKF(model_load(&per, src, &err) == 0 && model_load(&fused, dst, &err) == 0, "%s", err.msg);
+    CHECKF(st_find(&fused.st, "model.layers.0.mlp.experts.gate_up_proj") &&
+               !st_find(&fused.st, "model.layers.0.mlp.experts.0.gate_proj.weight"),
+           "the fused copy is not fused");
+    size_t bytes = sizeof(float) * NIDS * (size_t)per.hp.vocab;
+    float *a = run(&per, NULL, NIDS, &err), *b = run(&fused, NULL, NIDS, &err);
+    int same = a && b && memcmp(a, b, bytes) == 0;
+    free(a);
+    free(b);
+    CHECKF(same, "fused resident logits differ from per-expert");
+    /* every expert of every MoE layer is a blob of slices of the fused tensors */
+    blob_table bt;
+    CHECKF(blob_table_build(&bt, &fused, &err) == 0, "%s", err.msg);
+    int experts = 0, slices = 0;
+    for (int i = 0; i < bt.n; i++)
+        if (bt.b[i].kind == BLOB_EXPERT) {
+            experts++;
+            for (int k = 0; k < bt.b[i].nparts; k++)
+                slices += blob_part_is_slice(&bt.part[bt.b[i].first_part + k], &fused);
+        }
+    blob_table_free(&bt);
+    CHECKF(experts == fused.hp.n_layers * fused.hp.n_experts && slices == 3 * experts,
+           "%d expert blobs with %d slices", experts, slices);
+    model_free(&per);
+    model_free(&fused);
+    compare_all(dst);
+    /* the store names each expert's slices as its own tensors */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/manifest.json", dir_in_tmp("store-fused-qwen3-moe-1-1"));
+    char *txt = NULL;
+    size_t len;
+    CHECKF(file_read_all(path, &txt, &len, &err) == 0, "%s", err.msg);
+    same = strstr(txt, "model.layers.2.mlp.experts.15.down_proj.weight") != NULL;
+    free(txt);
+    CHECKF(same, "the store's manifest has no per-expert tensor for a fused slice");
 }

@@ -9,13 +9,15 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } cmds[] = {
-    {"run", cmd_run, "generate text or token ids from a prompt"},
-    {"eval", cmd_eval, "write the logits of every position of a token list"},
-    {"synth", cmd_synth, "write a random-weight checkpoint in a real release format"},
-    {"prepare", cmd_prepare, "write a DFSP store (experts as aligned blobs over drives) from a checkpoint"},
-    {"doctor", cmd_doctor, "measure drives' O_DIRECT bandwidth and latency; verify a store"},
-    {"bench", cmd_bench, "bench io: the weight store's streaming rate without compute"},
-    {"tokenize", cmd_tokenize, "text or chat messages to token ids, and ids back to text"},
+    {.name = "run", .fn = cmd_run, .help = "generate text or token ids from a prompt"},
+    {.name = "eval", .fn = cmd_eval, .help = "write the logits of every position of a token list"},
+    {.name = "synth", .fn = cmd_synth, .help = "write a random-weight checkpoint in a real release format"},
+    {.name = "prepare",
+     .fn = cmd_prepare,
+     .help = "write a DFSP store (experts as aligned blobs over drives) from a checkpoint"},
+    {.name = "doctor", .fn = cmd_doctor, .help = "measure drives' O_DIRECT bandwidth and latency; verify a store"},
+    {.name = "bench", .fn = cmd_bench, .help = "bench io: the weight store's streaming rate without compute"},
+    {.name = "tokenize", .fn = cmd_tokenize, .help = "text or chat messages to token ids, and ids back to text"},
 };
 
 static void usage(FILE *f)

@@ -130,13 +130,24 @@ static void dec_fp8(const kmat *w, int r, int c0, int c1, float *out)
 }
 
 const wfmt_info wfmt_table[WF_COUNT] = {
-    [WF_F32] = {"f32", 1, 4, dec_f32},
-    [WF_F16] = {"f16", 1, 2, dec_f16},
-    [WF_BF16] = {"bf16", 1, 2, dec_bf16},
-    [WF_MXFP4] = {"mxfp4", 32, 16, dec_mxfp4},
-    [WF_INT4G32] = {"int4-g32", 32, 16, dec_int4},
-    [WF_FP8B128] = {"fp8-b128", 1, 1, dec_fp8},
-    [WF_INT8G32] = {"int8-g32", 32, 32, dec_int8},
+    [WF_F32] = {.name = "f32", .block = 1, .block_bytes = 4, .lanes = WF_LANES_SEQ, .scale = WF_SCALE_NONE,
+                .st_suffix = ".weight", .st_dtype = "F32", .st_elem_bytes = 4, .decode = dec_f32},
+    [WF_F16] = {.name = "f16", .block = 1, .block_bytes = 2, .lanes = WF_LANES_SEQ, .scale = WF_SCALE_NONE,
+                .st_suffix = ".weight", .st_dtype = "F16", .st_elem_bytes = 2, .decode = dec_f16},
+    [WF_BF16] = {.name = "bf16", .block = 1, .block_bytes = 2, .lanes = WF_LANES_SEQ, .scale = WF_SCALE_NONE,
+                 .st_suffix = ".weight", .st_dtype = "BF16", .st_elem_bytes = 2, .decode = dec_bf16},
+    [WF_MXFP4] = {.name = "mxfp4", .block = 32, .block_bytes = 16, .lanes = WF_LANES_NIBBLE,
+                  .scale = WF_SCALE_E8M0_G32, .st_suffix = ".weight_packed", .st_dtype = "U8", .st_elem_bytes = 1,
+                  .st_scale_suffix = ".weight_scale", .st_scale_dtype = "U8", .decode = dec_mxfp4},
+    [WF_INT4G32] = {.name = "int4-g32", .block = 32, .block_bytes = 16, .lanes = WF_LANES_NIBBLE,
+                    .scale = WF_SCALE_BF16_G32, .st_suffix = ".weight_packed", .st_dtype = "I32", .st_elem_bytes = 4,
+                    .st_scale_suffix = ".weight_scale", .st_scale_dtype = "BF16", .decode = dec_int4},
+    [WF_FP8B128] = {.name = "fp8-b128", .block = 1, .block_bytes = 1, .lanes = WF_LANES_SEQ,
+                    .scale = WF_SCALE_F32_T128, .st_suffix = ".weight", .st_dtype = "F8_E4M3", .st_elem_bytes = 1,
+                    .st_scale_suffix = ".weight_scale_inv", .st_scale_dtype = "F32", .decode = dec_fp8},
+    [WF_INT8G32] = {.name = "int8-g32", .block = 32, .block_bytes = 32, .lanes = WF_LANES_SEQ,
+                    .scale = WF_SCALE_BF16_G32, .st_suffix = ".weight", .st_dtype = "I8", .st_elem_bytes = 1,
+                    .st_scale_suffix = ".weight_scale", .st_scale_dtype = "BF16", .decode = dec_int8},
 };
 
 size_t wfmt_data_bytes(int fmt, int rows, int cols)
@@ -145,41 +156,43 @@ size_t wfmt_data_bytes(int fmt, int rows, int cols)
     return (size_t)rows * (size_t)(cols / f->block) * (size_t)f->block_bytes;
 }
 
+/* rows and columns of a format's scale array, and bytes per scale row */
+static void scale_dims(int fmt, int rows, int cols, size_t *srows, size_t *stride)
+{
+    switch (wfmt_table[fmt].scale) {
+    case WF_SCALE_E8M0_G32:
+        *srows = (size_t)rows;
+        *stride = (size_t)cols / 32;
+        return;
+    case WF_SCALE_BF16_G32:
+        *srows = (size_t)rows;
+        *stride = (size_t)cols / 32 * 2;
+        return;
+    case WF_SCALE_F32_T128:
+        *srows = (size_t)(rows + 127) / 128;
+        *stride = (size_t)((cols + 127) / 128) * 4;
+        return;
+    default:
+        *srows = 0;
+        *stride = 0;
+    }
+}
+
 size_t wfmt_scale_bytes(int fmt, int rows, int cols)
 {
-    switch (fmt) {
-    case WF_MXFP4:
-        return (size_t)rows * (size_t)(cols / 32);
-    case WF_INT4G32:
-    case WF_INT8G32:
-        return (size_t)rows * (size_t)(cols / 32) * 2;
-    case WF_FP8B128:
-        return (size_t)((rows + 127) / 128) * (size_t)((cols + 127) / 128) * 4;
-    default:
-        return 0;
-    }
+    size_t srows, stride;
+    scale_dims(fmt, rows, cols, &srows, &stride);
+    return srows * stride;
 }
 
 void kmat_init(kmat *m, int fmt, int rows, int cols, const void *data, const void *scale)
 {
+    size_t srows;
     m->fmt = fmt;
     m->rows = rows;
     m->cols = cols;
     m->data = data;
     m->row_bytes = wfmt_data_bytes(fmt, 1, cols);
     m->scale = scale;
-    switch (fmt) {
-    case WF_MXFP4:
-        m->scale_stride = (size_t)cols / 32;
-        break;
-    case WF_INT4G32:
-    case WF_INT8G32:
-        m->scale_stride = (size_t)cols / 32 * 2;
-        break;
-    case WF_FP8B128:
-        m->scale_stride = (size_t)((cols + 127) / 128) * 4;
-        break;
-    default:
-        m->scale_stride = 0;
-    }
+    scale_dims(fmt, rows, cols, &srows, &m->scale_stride);
 }

@@ -50,22 +50,46 @@ typedef struct kmat {
                               FP8 4*ceil(cols/128) (one scale row per 128 weight rows) */
 } kmat;
 
+/* Where a format's scales live (kmat.scale, kmat.scale_stride). */
+typedef enum wfmt_scale {
+    WF_SCALE_NONE,     /* plain values */
+    WF_SCALE_E8M0_G32, /* U8 E8M0 per 32 columns: [rows][cols/32], stride cols/32 */
+    WF_SCALE_BF16_G32, /* BF16 per 32 columns: [rows][cols/32], stride 2*cols/32 */
+    WF_SCALE_F32_T128  /* F32 per 128x128 tile: [ceil(rows/128)][ceil(cols/128)], stride 4*ceil(cols/128) */
+} wfmt_scale;
+
+/* The order a matrix row's elements fill seq64's 64 lanes (kern.h). */
+typedef enum wfmt_lanes {
+    WF_LANES_SEQ,   /* element i -> lane i % 64 */
+    WF_LANES_NIBBLE /* 4-bit formats: each 32-column group's even columns, then its odd ones */
+} wfmt_lanes;
+
+/* One row per format, in the manner of ggml's type traits. The safetensors fields say how a
+ * checkpoint stores it: the data tensor's name suffix and dtype, and its scale tensor's. */
 typedef struct wfmt_info {
     const char *name;
-    int block;        /* elements per block along a row; cols must be a multiple */
-    int block_bytes;  /* data bytes per block */
+    int block;             /* elements per block along a row; cols must be a multiple */
+    int block_bytes;       /* data bytes per block */
+    wfmt_lanes lanes;
+    wfmt_scale scale;
+    const char *st_suffix; /* ".weight" or ".weight_packed" */
+    const char *st_dtype;  /* the data tensor's safetensors dtype ("BF16", "U8", "I32", ...) */
+    int st_elem_bytes;     /* bytes of one element of that dtype */
+    const char *st_scale_suffix, *st_scale_dtype; /* NULL for plain formats */
     /* Exact decode of columns [c0, c1) of row r into out[0 .. c1-c0). */
     void (*decode)(const kmat *w, int r, int c0, int c1, float *out);
 } wfmt_info;
 
 extern const wfmt_info wfmt_table[WF_COUNT];
 
-/* Bytes per element of a plain (block 1) format: wfmt_table[fmt].block_bytes, as a constant the
- * kernels can specialise on when fmt is one. */
+/* Bytes per element of a plain (block 1) format, and whether fmt's lanes are the nibble order:
+ * wfmt_table's block_bytes and lanes as expressions the kernels can fold when fmt is a constant
+ * (tests/test_kernels.c checks that they agree with the table). */
 static inline int wfmt_plain_bytes(int fmt)
 {
     return fmt == WF_F32 ? 4 : fmt == WF_FP8B128 || fmt == WF_INT8G32 ? 1 : 2;
 }
+static inline int wfmt_nibble(int fmt) { return fmt == WF_MXFP4 || fmt == WF_INT4G32; }
 
 /* Element decoders, exact. */
 static inline float bf16_to_f32(uint16_t h)

@@ -93,7 +93,7 @@ float kern_seq64_reduce(float acc[64]);
 /* Lane of element i in a matrix row of format fmt (i % 64, or the nibble order). */
 static inline int kern_lane(int fmt, int i)
 {
-    if (fmt == WF_MXFP4 || fmt == WF_INT4G32)
+    if (wfmt_nibble(fmt))
         return 32 * ((i >> 5) & 1) + 16 * (i & 1) + ((i & 31) >> 1);
     return i & 63;
 }

@@ -372,8 +372,16 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
 #define VSEL_NAN(x, yes, no) _mm256_blendv_ps(no, yes, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
 #include "kernels/kern_vmath.inc"
 
-static const kern_ops ops = {"avx2",    isa_matmul,    avx2_dot, isa_decode_rows,
-                             avx2_axpy, avx2_kda_step, isa_glu, isa_exp_sub};
+static const kern_ops ops = {
+    .name = "avx2",
+    .matmul = isa_matmul,
+    .dot = avx2_dot,
+    .decode_rows = isa_decode_rows,
+    .axpy = avx2_axpy,
+    .kda_step = avx2_kda_step,
+    .glu = isa_glu,
+    .exp_sub = isa_exp_sub,
+};
 
 const kern_ops *kern_avx2(void)
 {

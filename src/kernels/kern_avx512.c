@@ -359,8 +359,16 @@ static void avx512_kda_step(float *S, int d, const float *k, const float *v, con
     }
 }
 
-static const kern_ops ops = {"avx512",    isa_matmul,      avx512_dot, isa_decode_rows,
-                             avx512_axpy, avx512_kda_step, isa_glu,   isa_exp_sub};
+static const kern_ops ops = {
+    .name = "avx512",
+    .matmul = isa_matmul,
+    .dot = avx512_dot,
+    .decode_rows = isa_decode_rows,
+    .axpy = avx512_axpy,
+    .kda_step = avx512_kda_step,
+    .glu = isa_glu,
+    .exp_sub = isa_exp_sub,
+};
 
 const kern_ops *kern_avx512(void)
 {

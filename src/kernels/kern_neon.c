@@ -67,7 +67,7 @@ static void neon_decode_rows(const kmat *w, int r0, int r1, float *out)
  * even columns then the odd ones. */
 static void to_lane_order(int fmt, const float *v, int n, float *o)
 {
-    if (fmt != WF_MXFP4 && fmt != WF_INT4G32) {
+    if (!wfmt_nibble(fmt)) {
         memcpy(o, v, sizeof(float) * (size_t)n);
         return;
     }
@@ -106,8 +106,16 @@ static void neon_axpy(float *y, const float *x, float a, int n)
 }
 
 /* The KDA step uses the reference loop: fmaf is one fused instruction on AArch64. */
-static const kern_ops ops = {"neon",    neon_matmul,          neon_dot,       neon_decode_rows,
-                             neon_axpy, kern_scalar_kda_step, kern_scalar_glu, kern_scalar_exp_sub};
+static const kern_ops ops = {
+    .name = "neon",
+    .matmul = neon_matmul,
+    .dot = neon_dot,
+    .decode_rows = neon_decode_rows,
+    .axpy = neon_axpy,
+    .kda_step = kern_scalar_kda_step,
+    .glu = kern_scalar_glu,
+    .exp_sub = kern_scalar_exp_sub,
+};
 const kern_ops *kern_neon(void) { return &ops; }
 #else
 const kern_ops *kern_neon(void) { return NULL; }

@@ -98,5 +98,13 @@ void kern_scalar_exp_sub(float *x, int n, float m)
         x[i] = km_expf(x[i] - m);
 }
 
-const kern_ops kern_scalar = {"scalar",    scalar_matmul,        scalar_dot,      scalar_decode_rows,
-                              scalar_axpy, kern_scalar_kda_step, kern_scalar_glu, kern_scalar_exp_sub};
+const kern_ops kern_scalar = {
+    .name = "scalar",
+    .matmul = scalar_matmul,
+    .dot = scalar_dot,
+    .decode_rows = scalar_decode_rows,
+    .axpy = scalar_axpy,
+    .kda_step = kern_scalar_kda_step,
+    .glu = kern_scalar_glu,
+    .exp_sub = kern_scalar_exp_sub,
+};

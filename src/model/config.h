@@ -31,11 +31,15 @@ int cfg_validate(const hparams *hp, const char *where, errbuf *err);
 int fam_bind_mla(model *m, const char *p, mla_w *w, errbuf *err);
 int fam_bind_mlp(model *m, mlp_w *w, int inter, int width, errbuf *err, const char *p, const char *gate,
                  const char *up, const char *down);
-/* Routed experts under prefix p ("...mlp."): per-expert experts.{e}.{gate,up,down}_proj, or the
- * fused 3-D experts.gate_up_proj [E, 2I, D] (gate rows first) + experts.down_proj [E, D, I]. */
-int fam_bind_experts(model *m, const char *p, moe_w *moe, int width, errbuf *err);
+/* Layer `layer`'s routed experts under prefix p ("...mlp."): per-expert experts.{e}.NAME for the
+ * three names (gate, up, down: "gate_proj", "up_proj", "down_proj", or Kimi's "w1", "w3", "w2"),
+ * or the fused 3-D experts.gate_up_proj [E, 2I, D] (gate rows first) + experts.down_proj
+ * [E, D, I]. Each expert is bound in its own scope (model_scope: MODEL_PART_EXPERT). */
+extern const char *const FAM_EXPERT_NAMES[3]; /* "gate_proj", "up_proj", "down_proj" */
+int fam_bind_experts(model *m, int layer, const char *p, moe_w *moe, int width, const char *const names[3],
+                     errbuf *err);
 /* The token embedding and final norm under `base` ("...model."), and the output head under
- * `prefix` ("...lm_head"), or the embedding itself when tied and absent. */
+ * `prefix` ("...lm_head"), or the embedding itself when tied and absent; in the global scope. */
 int fam_bind_globals(model *m, const char *base, const char *prefix, errbuf *err);
 
 #endif

@@ -74,6 +74,7 @@ static int deepseek_bind(model *m, const char *prefix, errbuf *err)
     snprintf(base, sizeof base, "%smodel.", prefix);
     for (int i = 0; i < hp->n_layers; i++) {
         layer_w *L = &m->L[i];
+        model_scope(m, MODEL_PART_SPINE, i, -1, MODEL_ROLE_OTHER);
         snprintf(p, sizeof p, "%slayers.%d.", base, i);
         snprintf(q, sizeof q, "%sself_attn.", p);
         if (model_vec(m, &L->in_norm, H, 0, err, "%sinput_layernorm.weight", p) ||
@@ -93,7 +94,7 @@ static int deepseek_bind(model *m, const char *prefix, errbuf *err)
             if (model_vec(m, &moe->bias, hp->n_experts, 0, err, "%sgate.e_score_correction_bias", q))
                 return -1;
         }
-        if (fam_bind_experts(m, q, moe, H, err))
+        if (fam_bind_experts(m, i, q, moe, H, FAM_EXPERT_NAMES, err))
             return -1;
         if (hp->n_shared > 0 && fam_bind_mlp(m, &moe->shared, hp->shared_inter, H, err, q, "shared_experts.gate_proj",
                                              "shared_experts.up_proj", "shared_experts.down_proj"))
@@ -103,4 +104,4 @@ static int deepseek_bind(model *m, const char *prefix, errbuf *err)
 }
 
 static const char *const deepseek_types[] = {"deepseek_v3", "kimi_k2", "kimi_k25", NULL};
-const family fam_deepseek = {deepseek_types, deepseek_config, deepseek_bind};
+const family fam_deepseek = {.model_types = deepseek_types, .config = deepseek_config, .bind = deepseek_bind};

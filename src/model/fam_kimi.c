@@ -191,6 +191,7 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
     snprintf(base, sizeof base, "%smodel.", prefix);
     for (int i = 0; i < hp->n_layers; i++) {
         layer_w *L = &m->L[i];
+        model_scope(m, MODEL_PART_SPINE, i, -1, MODEL_ROLE_OTHER);
         snprintf(p, sizeof p, "%slayers.%d.", base, i);
         if (model_vec(m, &L->in_norm, H, 0, err, "%sinput_layernorm.weight", p) ||
             model_vec(m, &L->post_norm, H, 0, err, "%spost_attention_layernorm.weight", p))
@@ -231,15 +232,9 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
              model_mat(m, &moe->lat_up, H, hp->latent, err, "%srouted_expert_up_proj", fp) ||
              model_vec(m, &moe->lat_norm, hp->latent, 0, err, "%srouted_expert_norm.weight", fp)))
             return -1;
-        moe->experts = calloc((size_t)hp->n_experts, sizeof *moe->experts);
-        if (!moe->experts)
-            return errbuf_set(err, "%s: out of memory", m->dir);
-        for (int e = 0; e < hp->n_experts; e++) {
-            char ep[500];
-            snprintf(ep, sizeof ep, "%sexperts.%d.", fp, e);
-            if (fam_bind_mlp(m, &moe->experts[e], hp->moe_inter, D, err, ep, "w1", "w3", "w2"))
-                return -1;
-        }
+        static const char *const kimi_experts[3] = {"w1", "w3", "w2"}; /* gate, up, down */
+        if (fam_bind_experts(m, i, fp, moe, D, kimi_experts, err))
+            return -1;
         if (hp->n_shared > 0 && fam_bind_mlp(m, &moe->shared, hp->shared_inter, H, err, fp,
                                              "shared_experts.gate_proj", "shared_experts.up_proj",
                                              "shared_experts.down_proj"))
@@ -258,4 +253,4 @@ static int kimi_bind(model *m, const char *prefix, errbuf *err)
 }
 
 static const char *const kimi_types[] = {"kimi_k3", "kimi_linear", NULL};
-const family fam_kimi = {kimi_types, kimi_config, kimi_bind};
+const family fam_kimi = {.model_types = kimi_types, .config = kimi_config, .bind = kimi_bind};

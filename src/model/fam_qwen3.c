@@ -69,6 +69,7 @@ static int qwen3_bind(model *m, const char *prefix, errbuf *err)
     snprintf(base, sizeof base, "%smodel.", prefix);
     for (int i = 0; i < hp->n_layers; i++) {
         layer_w *L = &m->L[i];
+        model_scope(m, MODEL_PART_SPINE, i, -1, MODEL_ROLE_OTHER);
         gqa_w *a = &L->gqa;
         snprintf(p, sizeof p, "%slayers.%d.", base, i);
         snprintf(q, sizeof q, "%sself_attn.", p);
@@ -88,11 +89,11 @@ static int qwen3_bind(model *m, const char *prefix, errbuf *err)
             continue;
         }
         if (model_mat(m, &L->moe.router, hp->n_experts, H, err, "%sgate", q) ||
-            fam_bind_experts(m, q, &L->moe, H, err))
+            fam_bind_experts(m, i, q, &L->moe, H, FAM_EXPERT_NAMES, err))
             return -1;
     }
     return fam_bind_globals(m, base, prefix, err);
 }
 
 static const char *const qwen3_types[] = {"qwen3", "qwen3_moe", NULL};
-const family fam_qwen3 = {qwen3_types, qwen3_config, qwen3_bind};
+const family fam_qwen3 = {.model_types = qwen3_types, .config = qwen3_config, .bind = qwen3_bind};

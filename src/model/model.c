@@ -1,6 +1,7 @@
 /* model.c — loading: config.json -> family adapter -> tensor binding; the binding helpers. */
 #include "model/model.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,92 +74,105 @@ static const st_tensor *findf(const model *m, const char *base, const char *suff
     return st_find(&m->st, name);
 }
 
-/* Binds base.weight (plain, FP8 + weight_scale_inv, or INT8 + weight_scale) or base.weight_packed
- * (MXFP4 or INT4). */
+void model_scope(model *m, int part, int layer, int expert, int role)
+{
+    m->scope = (model_bind){.tensor = -1, .part = (uint8_t)part, .role = (uint8_t)role, .layer = layer,
+                            .expert = expert};
+}
+
+int model_bind_range(model *m, const st_tensor *t, uint64_t off, uint64_t len, errbuf *err)
+{
+    assert(off + len <= t->end - t->begin);
+    if (m->n_bind == m->cap_bind) {
+        int cap = m->cap_bind ? 2 * m->cap_bind : 1024;
+        model_bind *b = realloc(m->bind, sizeof *b * (size_t)cap);
+        if (!b)
+            return errbuf_set(err, "%s: out of memory", m->dir);
+        m->bind = b;
+        m->cap_bind = cap;
+    }
+    model_bind *b = &m->bind[m->n_bind++];
+    *b = m->scope;
+    b->tensor = (int)(t - m->st.t);
+    b->off = off;
+    b->len = len;
+    return 0;
+}
+
+static int bind_whole(model *m, const st_tensor *t, errbuf *err)
+{
+    return model_bind_range(m, t, 0, t->end - t->begin, err);
+}
+
+/* The data tensor of a matrix: base + a format's suffix with its dtype (wfmt_table), -1 with an
+ * error when it has a dtype no format stores that way, 0 when there is none. */
+static int find_format(model *m, const char *base, const st_tensor **w, errbuf *err)
+{
+    const st_tensor *plain = findf(m, base, ".weight"), *packed = findf(m, base, ".weight_packed");
+    *w = NULL;
+    for (int f = 0; f < WF_COUNT; f++) {
+        const wfmt_info *fi = &wfmt_table[f];
+        const st_tensor *t = !strcmp(fi->st_suffix, ".weight") ? plain : packed;
+        if (t && !strcmp(st_dtype_name(t->dtype), fi->st_dtype)) {
+            *w = t;
+            return f;
+        }
+    }
+    if (plain || packed) {
+        const st_tensor *t = plain ? plain : packed;
+        return errbuf_set(err, plain ? "%s: tensor '%s' has dtype %s, not a weight format"
+                                     : "%s: packed tensor '%s' has dtype %s (expected U8 MXFP4 or I32 INT4)",
+                          file_of(m, t), t->name, st_dtype_name(t->dtype));
+    }
+    return -2;
+}
+
+/* Binds base.weight or base.weight_packed in whichever format (wfmt_table) its dtype names,
+ * with the scale tensor the format keeps. */
 static int bind_mat(model *m, kmat *out, int rows, int cols, const char *base, int required, errbuf *err)
 {
-    const st_tensor *w = findf(m, base, ".weight"), *s;
+    const st_tensor *w, *s = NULL;
     memset(out, 0, sizeof *out);
-    if (w) {
-        int fmt;
-        switch (w->dtype) {
-        case ST_BF16:
-            fmt = WF_BF16;
-            break;
-        case ST_F16:
-            fmt = WF_F16;
-            break;
-        case ST_F32:
-            fmt = WF_F32;
-            break;
-        case ST_F8_E4M3:
-            fmt = WF_FP8B128;
-            break;
-        case ST_I8:
-            fmt = WF_INT8G32;
-            break;
-        default:
-            return errbuf_set(err, "%s: tensor '%s' has dtype %s, not a weight format", file_of(m, w), w->name,
-                              st_dtype_name(w->dtype));
-        }
-        if (want_2d(m, w, w->dtype, rows, cols, err) != 0)
-            return -1;
-        const void *scale = NULL;
-        if (fmt == WF_FP8B128) {
-            if (!(s = findf(m, base, ".weight_scale_inv")))
-                return errbuf_set(err, "%s: F8_E4M3 tensor '%s' has no '%s.weight_scale_inv'", file_of(m, w), w->name,
-                                  base);
-            if (want_2d(m, s, ST_F32, (rows + 127) / 128, (cols + 127) / 128, err) != 0)
-                return -1;
-            scale = s->data;
-        } else if (fmt == WF_INT8G32) { /* what `prepare --spine int8` writes */
-            if (cols % 32 != 0)
-                return errbuf_set(err, "%s: I8 tensor '%s' has %d input columns, not a multiple of 32", file_of(m, w),
-                                  w->name, cols);
-            if (!(s = findf(m, base, ".weight_scale")))
-                return errbuf_set(err, "%s: I8 tensor '%s' has no '%s.weight_scale'", file_of(m, w), w->name, base);
-            if (want_2d(m, s, ST_BF16, rows, cols / 32, err) != 0)
-                return -1;
-            const st_tensor *zp = findf(m, base, ".weight_zero_point");
-            if (zp)
-                return errbuf_set(err, "%s: I8 tensor '%s' has a zero point ('%s'); only symmetric INT8 is supported",
-                                  file_of(m, zp), w->name, zp->name);
-            scale = s->data;
-        }
-        kmat_init(out, fmt, rows, cols, w->data, scale);
-    } else if ((w = findf(m, base, ".weight_packed"))) {
-        if (cols % 32 != 0)
-            return errbuf_set(err, "%s: packed tensor '%s' has %d input columns, not a multiple of 32", file_of(m, w),
-                              w->name, cols);
-        if (!(s = findf(m, base, ".weight_scale")))
-            return errbuf_set(err, "%s: packed tensor '%s' has no '%s.weight_scale'", file_of(m, w), w->name, base);
-        if (w->dtype == ST_U8) { /* MXFP4: two E2M1 codes per byte, E8M0 scale per 32 */
-            if (want_2d(m, w, ST_U8, rows, cols / 2, err) || want_2d(m, s, ST_U8, rows, cols / 32, err))
-                return -1;
-            kmat_init(out, WF_MXFP4, rows, cols, w->data, s->data);
-        } else if (w->dtype == ST_I32) { /* INT4 group 32: eight nibbles per word, BF16 scale */
-            if (want_2d(m, w, ST_I32, rows, cols / 8, err) || want_2d(m, s, ST_BF16, rows, cols / 32, err))
-                return -1;
-            const st_tensor *shp = findf(m, base, ".weight_shape");
-            if (shp) {
-                int64_t v[2] = {0, 0};
-                if (shp->dtype != ST_I64 || st_numel(shp) != 2)
-                    return errbuf_set(err, "%s: tensor '%s' must be I64 [2]", file_of(m, shp), shp->name);
-                memcpy(v, shp->data, 16);
-                if (v[0] != rows || v[1] != cols)
-                    return errbuf_set(err, "%s: tensor '%s' says [%lld, %lld], expected [%d, %d]", file_of(m, shp),
-                                      shp->name, (long long)v[0], (long long)v[1], rows, cols);
-            }
-            kmat_init(out, WF_INT4G32, rows, cols, w->data, s->data);
-        } else {
-            return errbuf_set(err, "%s: packed tensor '%s' has dtype %s (expected U8 MXFP4 or I32 INT4)",
-                              file_of(m, w), w->name, st_dtype_name(w->dtype));
-        }
-    } else {
+    int fmt = find_format(m, base, &w, err);
+    if (fmt == -1)
+        return -1;
+    if (fmt < 0) {
         if (required)
             return errbuf_set(err, "%s: missing tensor '%s.weight'", m->dir, base);
         return 0;
     }
+    const wfmt_info *fi = &wfmt_table[fmt];
+    if (cols % fi->block != 0)
+        return errbuf_set(err, "%s: %s tensor '%s' has %d input columns, not a multiple of %d", file_of(m, w),
+                          fi->st_dtype, w->name, cols, fi->block);
+    int64_t dcols = (int64_t)(cols / fi->block) * fi->block_bytes / fi->st_elem_bytes;
+    if (want_2d(m, w, w->dtype, rows, dcols, err) != 0)
+        return -1;
+    if (fi->scale != WF_SCALE_NONE) {
+        if (!(s = findf(m, base, fi->st_scale_suffix)))
+            return errbuf_set(err, "%s: %s tensor '%s' has no '%s%s'", file_of(m, w), fi->st_dtype, w->name, base,
+                              fi->st_scale_suffix);
+        int64_t sr = fi->scale == WF_SCALE_F32_T128 ? (rows + 127) / 128 : rows;
+        int64_t sc = fi->scale == WF_SCALE_F32_T128 ? (cols + 127) / 128 : cols / 32;
+        if (want_2d(m, s, st_dtype_parse(fi->st_scale_dtype), sr, sc, err) != 0)
+            return -1;
+    }
+    const st_tensor *extra = NULL; /* a tensor the format allows beside its data: recorded too */
+    if (fmt == WF_INT8G32 && (extra = findf(m, base, ".weight_zero_point")))
+        return errbuf_set(err, "%s: I8 tensor '%s' has a zero point ('%s'); only symmetric INT8 is supported",
+                          file_of(m, extra), w->name, extra->name);
+    if (fmt == WF_INT4G32 && (extra = findf(m, base, ".weight_shape"))) {
+        int64_t v[2] = {0, 0};
+        if (extra->dtype != ST_I64 || st_numel(extra) != 2)
+            return errbuf_set(err, "%s: tensor '%s' must be I64 [2]", file_of(m, extra), extra->name);
+        memcpy(v, extra->data, 16);
+        if (v[0] != rows || v[1] != cols)
+            return errbuf_set(err, "%s: tensor '%s' says [%lld, %lld], expected [%d, %d]", file_of(m, extra),
+                              extra->name, (long long)v[0], (long long)v[1], rows, cols);
+    }
+    kmat_init(out, fmt, rows, cols, w->data, s ? s->data : NULL);
+    if (bind_whole(m, w, err) || (s && bind_whole(m, s, err)) || (extra && bind_whole(m, extra, err)))
+        return -1;
     if ((size_t)cols > m->max_cols)
         m->max_cols = (size_t)cols;
     return 1;
@@ -214,7 +228,7 @@ int model_vec(model *m, float **out, int n, int prefix_ok, errbuf *err, const ch
         return errbuf_set(err, "%s: tensor '%s' is %s, expected a float vector", file_of(m, t), t->name,
                           st_dtype_name(t->dtype));
     float *v = model_alloc(m, (size_t)n, err);
-    if (!v)
+    if (!v || bind_whole(m, t, err) != 0)
         return -1;
     for (int i = 0; i < n; i++) {
         const uint8_t *p = t->data + (size_t)i * (size_t)st_dtype_size(t->dtype);
@@ -293,6 +307,7 @@ int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err)
         memset(tensors, 0, sizeof *tensors);
     }
     memset(m, 0, sizeof *m);
+    model_scope(m, MODEL_PART_GLOBAL, -1, -1, MODEL_ROLE_OTHER);
     if (tensors)
         m->st = given;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
@@ -360,6 +375,7 @@ void model_free(model *m)
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
+    free(m->bind);
     if (m->L)
         for (int i = 0; i < m->hp.n_layers; i++)
             free(m->L[i].moe.experts);

@@ -125,6 +125,21 @@ typedef struct layer_w {
     moe_w moe;
 } layer_w;
 
+/* What a bound tensor is part of: the weight store's unit (blobs.h), decided by the family adapter
+ * as it binds, never re-derived from names. */
+typedef enum { MODEL_PART_GLOBAL, MODEL_PART_SPINE, MODEL_PART_EXPERT } model_part;
+typedef enum { MODEL_ROLE_OTHER, MODEL_ROLE_GATE, MODEL_ROLE_UP, MODEL_ROLE_DOWN } model_role;
+
+/* One byte range of a tensor the model bound. A tensor used whole is one binding; a fused 3-D
+ * experts tensor (experts.gate_up_proj [E, 2I, D], experts.down_proj [E, D, I]) gives one binding
+ * per expert and matrix, each a contiguous slice. */
+typedef struct model_bind {
+    int tensor;          /* index into the model's st_set */
+    uint64_t off, len;   /* bytes inside the tensor's data */
+    uint8_t part, role;  /* model_part, model_role */
+    int layer, expert;   /* -1 where it does not apply */
+} model_bind;
+
 typedef struct model {
     hparams hp;
     st_set st;
@@ -137,6 +152,9 @@ typedef struct model {
     void **owned;        /* float arrays owned by the model */
     int n_owned, cap_owned;
     size_t max_cols;     /* widest matrix row, for kernel scratch sizing */
+    model_bind *bind;    /* [n_bind] every tensor range bound, in binding order */
+    int n_bind, cap_bind;
+    model_bind scope;    /* part, layer, expert and role the next bindings get (model_scope) */
 } model;
 
 int model_load(model *m, const char *dir, errbuf *err);
@@ -153,7 +171,12 @@ int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err)
 void model_free(model *m);
 
 /* Helpers for family adapters (model.c). Names are full tensor names without the ".weight"
- * suffix for matrices. */
+ * suffix for matrices. Every tensor they bind is recorded (model.bind) with the scope set by
+ * model_scope: an adapter names the part (global, a layer's spine, or one expert of a layer)
+ * and the role before binding its tensors. */
+void model_scope(model *m, int part, int layer, int expert, int role);
+/* Records a slice [off, off+len) of tensor t in the current scope (fused expert tensors). */
+int model_bind_range(model *m, const st_tensor *t, uint64_t off, uint64_t len, errbuf *err);
 int model_mat(model *m, kmat *out, int rows, int cols, errbuf *err, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 int model_mat_opt(model *m, kmat *out, int rows, int cols, errbuf *err, const char *fmt, ...)

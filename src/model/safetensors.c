@@ -13,12 +13,22 @@ static const struct {
     const char *name;
     int size;
 } dtypes[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1},   [ST_U8] = {"U8", 1},         [ST_I8] = {"I8", 1},
-    [ST_U16] = {"U16", 2},     [ST_I16] = {"I16", 2},       [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2},   [ST_U32] = {"U32", 4},       [ST_I32] = {"I32", 4},
-    [ST_F32] = {"F32", 4},     [ST_U64] = {"U64", 8},       [ST_I64] = {"I64", 8},
-    [ST_F64] = {"F64", 8},     [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
-    [ST_F8_E8M0] = {"F8_E8M0", 1},
+    [ST_BOOL] = {.name = "BOOL", .size = 1},
+    [ST_U8] = {.name = "U8", .size = 1},
+    [ST_I8] = {.name = "I8", .size = 1},
+    [ST_U16] = {.name = "U16", .size = 2},
+    [ST_I16] = {.name = "I16", .size = 2},
+    [ST_F16] = {.name = "F16", .size = 2},
+    [ST_BF16] = {.name = "BF16", .size = 2},
+    [ST_U32] = {.name = "U32", .size = 4},
+    [ST_I32] = {.name = "I32", .size = 4},
+    [ST_F32] = {.name = "F32", .size = 4},
+    [ST_U64] = {.name = "U64", .size = 8},
+    [ST_I64] = {.name = "I64", .size = 8},
+    [ST_F64] = {.name = "F64", .size = 8},
+    [ST_F8_E4M3] = {.name = "F8_E4M3", .size = 1},
+    [ST_F8_E5M2] = {.name = "F8_E5M2", .size = 1},
+    [ST_F8_E8M0] = {.name = "F8_E8M0", .size = 1},
 };
 
 /* A header larger than this is not a checkpoint we can trust (K3's largest is a few MB). */

@@ -1,40 +1,10 @@
 /* blobs.c — see blobs.h. */
 #include "store/blobs.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int parse_index(const char *name, const char *key)
-{
-    const char *p = strstr(name, key);
-    if (!p)
-        return -1;
-    p += strlen(key);
-    if (*p < '0' || *p > '9')
-        return -1;
-    long v = 0;
-    for (; *p >= '0' && *p <= '9'; p++)
-        if ((v = v * 10 + (*p - '0')) > 1000000)
-            return 1000000; /* beyond any layer or expert count: rejected by the caller */
-    return (int)v;
-}
-
-/* kind/layer/expert of a tensor name; -1 when the text model does not use it */
-static int classify(const model *m, const char *name, int *layer, int *expert)
-{
-    if (!strncmp(name, "vision_tower.", 13) || !strncmp(name, "mm_projector.", 13) ||
-        !strncmp(name, "model.visual", 12))
-        return -1;
-    *layer = parse_index(name, "layers.");
-    *expert = -1;
-    if (*layer < 0)
-        return BLOB_GLOBAL;
-    if (*layer >= m->hp.n_layers) /* MTP and other extra layers */
-        return -1;
-    *expert = parse_index(name, ".experts.");
-    return *expert >= 0 ? BLOB_EXPERT : BLOB_SPINE;
-}
 
 /* expert_blob holds experts; spine and global blobs are found through `other`, indexed by
  * layer + 1 (0 = globals) */
@@ -61,9 +31,8 @@ static int locate(const blob_table *t, const model *m, const blob *b, const uint
     uintptr_t a = (uintptr_t)p; /* compared as integers: p and the tensors may be unrelated objects */
     for (int i = 0; i < b->nparts; i++) {
         const blob_part *pt = &t->part[b->first_part + i];
-        const st_tensor *x = &m->st.t[pt->tensor];
-        uintptr_t lo = (uintptr_t)x->data;
-        if (a >= lo && a - lo < x->end - x->begin) {
+        uintptr_t lo = (uintptr_t)m->st.t[pt->tensor].data + pt->src;
+        if (a >= lo && a - lo < pt->len) {
             *off = pt->off + (a - lo);
             return 0;
         }
@@ -71,74 +40,87 @@ static int locate(const blob_table *t, const model *m, const blob *b, const uint
     return -1;
 }
 
+/* a binding's place in tensor order (names are sorted), then offset */
+typedef struct bind_key {
+    int tensor;
+    uint64_t off;
+    int i; /* the binding */
+} bind_key;
+
+static int by_tensor(const void *a, const void *b)
+{
+    const bind_key *x = a, *y = b;
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    if (x->off != y->off)
+        return x->off < y->off ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
 int blob_table_build(blob_table *t, const model *m, errbuf *err)
 {
     memset(t, 0, sizeof *t);
-    const st_set *s = &m->st;
     t->n_layers = m->hp.n_layers;
     t->n_experts = m->hp.n_experts > 0 ? m->hp.n_experts : 1;
-    size_t ne = (size_t)t->n_layers * t->n_experts;
+    size_t ne = (size_t)t->n_layers * t->n_experts, nb = (size_t)(m->n_bind ? m->n_bind : 1);
     t->expert_blob = malloc(sizeof(int) * ne);
     t->layer_blob = malloc(sizeof(int) * (size_t)(t->n_layers ? t->n_layers : 1));
-    t->part = malloc(sizeof *t->part * (size_t)(s->n ? s->n : 1));
-    t->b = malloc(sizeof *t->b * (size_t)(s->n ? s->n : 1));
-    if (!t->expert_blob || !t->layer_blob || !t->part || !t->b) {
-        blob_table_free(t);
-        return errbuf_set(err, "blob table: out of memory");
+    t->part = malloc(sizeof *t->part * nb);
+    t->b = malloc(sizeof *t->b * nb);
+    int *owner = malloc(sizeof(int) * nb), *order = malloc(sizeof(int) * nb);
+    bind_key *keys = malloc(sizeof *keys * nb);
+    int *other = malloc(sizeof(int) * (size_t)(t->n_layers + 1));
+    if (!t->expert_blob || !t->layer_blob || !t->part || !t->b || !owner || !order || !keys || !other) {
+        errbuf_set(err, "blob table: out of memory");
+        goto fail;
     }
     for (size_t i = 0; i < ne; i++)
         t->expert_blob[i] = -1;
-    /* tensors are sorted by name, so a blob's tensors are found in name order; a blob's parts
-     * are collected in a second pass so they are contiguous in t->part */
-    int *owner = malloc(sizeof(int) * (size_t)(s->n ? s->n : 1));
-    int *other = malloc(sizeof(int) * (size_t)(t->n_layers + 1));
-    if (!owner || !other) {
-        free(owner);
-        free(other);
-        blob_table_free(t);
-        return errbuf_set(err, "blob table: out of memory");
-    }
     for (int i = 0; i <= t->n_layers; i++)
         other[i] = -1;
-    for (int i = 0; i < s->n; i++) {
-        int layer, expert, kind = classify(m, s->t[i].name, &layer, &expert);
-        owner[i] = -1;
-        if (kind < 0)
-            continue;
-        if (kind == BLOB_EXPERT && (expert >= t->n_experts || m->hp.ffn_kind[layer] != FFN_MOE)) {
-            if (expert >= t->n_experts)
-                errbuf_set(err, "%s: tensor '%s' names expert %d of %d", m->dir, s->t[i].name, expert, t->n_experts);
-            else
-                errbuf_set(err, "%s: tensor '%s' is an expert of layer %d, which has no mixture of experts", m->dir,
-                           s->t[i].name, layer);
-            goto fail;
-        }
+    /* bindings in tensor order (names are sorted), then offset: blobs are numbered in the order of
+     * their first tensor, parts follow in that order; a range bound twice (a tied head, say) is
+     * one part */
+    for (int i = 0; i < m->n_bind; i++)
+        keys[i] = (bind_key){m->bind[i].tensor, m->bind[i].off, i};
+    qsort(keys, (size_t)m->n_bind, sizeof *keys, by_tensor);
+    for (int i = 0; i < m->n_bind; i++)
+        order[i] = keys[i].i;
+    for (int k = 0; k < m->n_bind; k++) {
+        int i = order[k];
+        const model_bind *x = &m->bind[i];
+        int kind = x->part, layer = x->layer, expert = x->expert;
+        assert(kind == BLOB_GLOBAL || (layer >= 0 && layer < t->n_layers));
+        assert(kind != BLOB_EXPERT || (expert >= 0 && expert < t->n_experts));
         int *slot = blob_slot(t, other, kind, layer, expert);
         if (*slot < 0) {
             int b = *slot = t->n++;
             memset(&t->b[b], 0, sizeof t->b[b]);
             t->b[b].kind = kind;
             t->b[b].layer = kind == BLOB_GLOBAL ? -1 : layer;
-            t->b[b].expert = expert;
+            t->b[b].expert = kind == BLOB_EXPERT ? expert : -1;
         }
         owner[i] = *slot;
     }
-    /* bucket the tensors by blob (counting sort keeps name order inside a blob) */
-    for (int i = 0; i < s->n; i++)
-        if (owner[i] >= 0)
-            t->b[owner[i]].nparts++;
+    for (int i = 0; i < m->n_bind; i++)
+        t->b[owner[i]].nparts++;
     int at = 0;
     for (int b = 0; b < t->n; b++) {
         t->b[b].first_part = at;
         at += t->b[b].nparts;
         t->b[b].nparts = 0;
     }
-    for (int i = 0; i < s->n; i++)
-        if (owner[i] >= 0) {
-            blob *x = &t->b[owner[i]];
-            t->part[x->first_part + x->nparts++].tensor = i;
-        }
-    t->nparts = at;
+    for (int k = 0; k < m->n_bind; k++) {
+        const model_bind *x = &m->bind[order[k]];
+        blob *y = &t->b[owner[order[k]]];
+        blob_part *last = y->nparts ? &t->part[y->first_part + y->nparts - 1] : NULL;
+        if (last && last->tensor == x->tensor && last->src == x->off && last->len == x->len)
+            continue;
+        t->part[y->first_part + y->nparts++] = (blob_part){x->tensor, x->off, 0, x->len, x->role};
+    }
+    t->nparts = 0;
+    for (int b = 0; b < t->n; b++)
+        t->nparts += t->b[b].nparts;
     t->global_blob = other[0];
     for (int i = 0; i < t->n_layers; i++)
         t->layer_blob[i] = other[i + 1];
@@ -147,10 +129,8 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
         uint64_t off = 0;
         for (int k = 0; k < x->nparts; k++) {
             blob_part *pt = &t->part[x->first_part + k];
-            const st_tensor *tt = &s->t[pt->tensor];
             off = (off + 63) & ~(uint64_t)63;
             pt->off = off;
-            pt->len = tt->end - tt->begin;
             off += pt->len;
         }
         x->size = off;
@@ -173,13 +153,44 @@ int blob_table_build(blob_table *t, const model *m, errbuf *err)
         }
     }
     free(owner);
+    free(order);
+    free(keys);
     free(other);
     return 0;
 fail:
     free(owner);
+    free(order);
+    free(keys);
     free(other);
     blob_table_free(t);
     return -1;
+}
+
+int blob_part_is_slice(const blob_part *p, const model *m)
+{
+    const st_tensor *x = &m->st.t[p->tensor];
+    return p->src != 0 || p->len != x->end - x->begin;
+}
+
+void blob_part_tensor(const blob_table *t, const model *m, int b, const blob_part *p, char *name, size_t cap,
+                      int *ndim, int64_t *shape)
+{
+    const st_tensor *x = &m->st.t[p->tensor];
+    snprintf(name, cap, "%s", x->name);
+    *ndim = x->ndim;
+    memcpy(shape, x->shape, sizeof x->shape);
+    if (!blob_part_is_slice(p, m))
+        return;
+    /* "<prefix>experts.gate_up_proj" [E, 2I, D] or "<prefix>experts.down_proj" [E, D, I] */
+    const char *cut = strstr(x->name, "experts.");
+    int len = cut ? (int)(cut - x->name) : (int)strlen(x->name);
+    static const char *const role_name[] = {[MODEL_ROLE_GATE] = "gate_proj", [MODEL_ROLE_UP] = "up_proj",
+                                            [MODEL_ROLE_DOWN] = "down_proj"};
+    assert(p->role >= MODEL_ROLE_GATE && p->role <= MODEL_ROLE_DOWN && x->ndim == 3);
+    snprintf(name, cap, "%.*sexperts.%d.%s.weight", len, x->name, t->b[b].expert, role_name[p->role]);
+    *ndim = 2;
+    shape[0] = p->role == MODEL_ROLE_DOWN ? x->shape[1] : x->shape[1] / 2;
+    shape[1] = x->shape[2];
 }
 
 void blob_table_free(blob_table *t)

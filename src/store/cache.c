@@ -256,7 +256,8 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
         const blob_part *pt = &s->bt.part[x->first_part + i];
         const st_tensor *t = &s->m->st.t[pt->tensor];
         *bytes += pt->len;
-        if (io_read(s->io, s->file_id[t->file], t->file_off, pt->len, dst + pt->off, (uint64_t)k, err) != 0)
+        if (io_read(s->io, s->file_id[t->file], t->file_off + pt->src, pt->len, dst + pt->off, (uint64_t)k, err) !=
+            0)
             return unissue(s, k, i);
     }
     return 0;

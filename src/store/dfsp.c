@@ -326,11 +326,14 @@ static json_t *manifest_json(const blob_table *t, const model *m, const plan *p,
             json_array_append_new(copies, json_pack("[i, I]", x->copy[k].file, (json_int_t)x->copy[k].off));
         for (int i = 0; i < x->nparts; i++) {
             const blob_part *pt = &t->part[x->first_part + i];
-            const st_tensor *tt = &m->st.t[pt->tensor];
+            char name[1024];
+            int ndim;
+            int64_t dims[ST_MAX_DIMS];
+            blob_part_tensor(t, m, b, pt, name, sizeof name, &ndim, dims); /* a fused slice: its own tensor */
             json_t *shape = json_array();
-            for (int d = 0; d < tt->ndim; d++)
-                json_array_append_new(shape, json_integer(tt->shape[d]));
-            json_array_append_new(ts, json_pack("[s, s, o, I]", tt->name, st_dtype_name(tt->dtype), shape,
+            for (int d = 0; d < ndim; d++)
+                json_array_append_new(shape, json_integer(dims[d]));
+            json_array_append_new(ts, json_pack("[s, s, o, I]", name, st_dtype_name(m->st.t[pt->tensor].dtype), shape,
                                                 (json_int_t)pt->off));
         }
         json_array_append_new(blobs, json_pack("{s:s, s:i, s:i, s:I, s:s, s:o, s:o}", "kind", kind_name[x->kind],
@@ -449,7 +452,7 @@ static int write_blobs(prep *x, uint64_t *written_bytes, errbuf *err)
                 }
                 continue;
             }
-            if (file_pread_full(x->src_fd[tt->file], x->img + pt->off, pt->len, tt->file_off) != 0)
+            if (file_pread_full(x->src_fd[tt->file], x->img + pt->off, pt->len, tt->file_off + pt->src) != 0)
                 return errbuf_set(err, "prepare: cannot read tensor '%s' from %s", tt->name,
                                   x->m.st.files[tt->file].path);
         }

@@ -1,6 +1,7 @@
 /* spineq.c — see spineq.h. */
 #include "store/spineq.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,6 +165,32 @@ int spineq_plan(spineq *q, const model *m, errbuf *err)
         q->role[i] = (unsigned char)(t[i].file_off & 3);
         t[i].file_off = q->role[i] == SPINEQ_COPY ? m->st.t[q->src[i]].file_off : 0;
     }
+    /* the bindings over the new list: first[i] is the store tensor of source i (its codes, with
+     * the scales right after them: "X.weight" < "X.weight_scale", and nothing sorts between) */
+    int *first = malloc(sizeof(int) * ((size_t)n + 1));
+    q->bind = malloc(sizeof *q->bind * (2 * (size_t)m->n_bind + 1));
+    if (!first || !q->bind) {
+        free(first);
+        goto oom;
+    }
+    for (int i = q->n - 1; i >= 0; i--)
+        if (q->role[i] != SPINEQ_SCALES)
+            first[q->src[i]] = i;
+    for (int k = 0; k < m->n_bind; k++) {
+        model_bind b = m->bind[k];
+        int j = first[b.tensor];
+        b.tensor = j;
+        if (q->role[j] == SPINEQ_CODES) { /* a whole matrix: its codes, then its scales */
+            assert(q->role[j + 1] == SPINEQ_SCALES && q->src[j + 1] == q->src[j]);
+            b.off = 0;
+            b.len = t[j].end;
+            q->bind[q->n_bind++] = b;
+            b.tensor = j + 1;
+            b.len = t[j + 1].end;
+        }
+        q->bind[q->n_bind++] = b;
+    }
+    free(first);
     free(want);
     return 0;
 oom:
@@ -181,6 +208,7 @@ void spineq_free(spineq *q)
     free(q->t);
     free(q->src);
     free(q->role);
+    free(q->bind);
     memset(q, 0, sizeof *q);
 }
 
@@ -189,6 +217,8 @@ void spineq_view(const spineq *q, const model *m, model *view)
     *view = *m;
     view->st.t = q->t;
     view->st.n = q->n;
+    view->bind = q->bind;
+    view->n_bind = q->n_bind;
 }
 
 /* s = max|w| / 127 rounded up to a BF16 */

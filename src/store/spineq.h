@@ -36,6 +36,9 @@ typedef struct spineq {
     int n;
     int *src;              /* [n] the source tensor (index into the model's st_set) */
     unsigned char *role;   /* [n] spineq_role */
+    model_bind *bind;      /* [n_bind] the model's bindings over these tensors (a quantized matrix's
+                              binding becomes its codes' and its scales') */
+    int n_bind;
     int nmat;              /* matrices quantized */
     uint64_t bytes_in, bytes_out; /* their bytes as released / as INT8 codes + scales */
 } spineq;
