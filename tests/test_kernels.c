@@ -13,6 +13,26 @@
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 
+/* The kernels' constant-foldable helpers say what the format table says. */
+TEST(dtype_table_and_helpers_agree)
+{
+    for (int f = 0; f < WF_COUNT; f++) {
+        const wfmt_info *fi = &wfmt_table[f];
+        CHECKF(fi->name && fi->decode && fi->block >= 1 && fi->block_bytes >= 1, "format %d: empty row", f);
+        CHECKF(wfmt_nibble(f) == (fi->lanes == WF_LANES_NIBBLE), "%s: wfmt_nibble disagrees", fi->name);
+        CHECKF(fi->block > 1 || wfmt_plain_bytes(f) == fi->block_bytes, "%s: wfmt_plain_bytes disagrees", fi->name);
+        CHECKF((fi->scale == WF_SCALE_NONE) == (fi->st_scale_suffix == NULL), "%s: scale tensor", fi->name);
+        for (int i = 0; i < 64; i++)
+            CHECKF(kern_lane(f, i) == (fi->lanes == WF_LANES_NIBBLE ? 32 * ((i >> 5) & 1) + 16 * (i & 1) + ((i & 31) >> 1)
+                                                                   : i & 63),
+                   "%s: lane of %d", fi->name, i);
+        kmat w;
+        kmat_init(&w, f, 256, 256, NULL, NULL);
+        CHECKF(w.row_bytes == (size_t)(256 / fi->block * fi->block_bytes), "%s: row bytes", fi->name);
+        CHECKF((w.scale_stride == 0) == (fi->scale == WF_SCALE_NONE), "%s: scale stride", fi->name);
+    }
+}
+
 TEST(dtype_mxfp4_table)
 {
     static const float want[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};

@@ -23,5 +23,9 @@ void tt_fnv(const int32_t *v, size_t n, char out[17]);
  * returns the byte length (buf needs 4 * maxcp + 1). */
 size_t tt_rand_utf8(uint64_t *state, char *buf, size_t maxcp);
 uint64_t tt_rand(uint64_t *state);
+/* Kimi K2 (thinking: K2-Thinking) and DeepSeek-V3 tokenizers assembled in the test's temp folder
+ * (the stand-in ranks with K2's special names; a byte-level vocab with DeepSeek's specials). */
+tok *tt_k2_tok(int thinking, errbuf *err);
+tok *tt_ds_tok(errbuf *err);
 
 #endif

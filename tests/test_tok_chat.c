@@ -49,45 +49,10 @@ static int encode_chat(const tok *t, const char *json, int thinking, tok_ids *id
     return rc;
 }
 
-/* A K2-style folder: the stand-in ranks (symlinked) and K2's special names at the same offsets. */
-static tok *k2_tok(int thinking, errbuf *err)
-{
-    char dir[512], path[700], target[700], cmd[1600];
-    snprintf(dir, sizeof dir, "%s/k2-%d", test_tmpdir(), thinking);
-    snprintf(target, sizeof target, "%s", test_data("tokenizers/kimi-k3-standin/tiktoken.model"));
-    if (target[0] != '/') {
-        char cwd[400];
-        if (!getcwd(cwd, sizeof cwd))
-            return NULL;
-        snprintf(target, sizeof target, "%s/%s", cwd, test_data("tokenizers/kimi-k3-standin/tiktoken.model"));
-    }
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s' '%s/tiktoken.model'", dir, target, dir);
-    if (system(cmd) != 0)
-        return NULL;
-    static const char *names[][2] = {
-        {"199998", "[BOS]"}, {"199999", "[EOS]"}, {"200000", "<|im_end|>"}, {"200001", "<|im_user|>"},
-        {"200002", "<|im_assistant|>"}, {"200008", "<|im_system|>"}, {"200009", "<|tool_calls_section_begin|>"},
-        {"200010", "<|tool_calls_section_end|>"}, {"200011", "<|tool_call_begin|>"},
-        {"200012", "<|tool_call_argument_begin|>"}, {"200013", "<|tool_call_end|>"}, {"200015", "<|im_middle|>"},
-        {"200020", "<think>"}, {"200021", "</think>"}};
-    char cfg[4096];
-    size_t o = (size_t)snprintf(cfg, sizeof cfg, "{\"chat_template\": \"{{ '<|im_middle|>' }}%s\", \"added_tokens_decoder\": {",
-                                thinking ? "<think>" : "");
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        o += (size_t)snprintf(cfg + o, sizeof cfg - o, "%s\"%s\": {\"content\": \"%s\", \"special\": true}", i ? ", " : "",
-                              names[i][0], names[i][1]);
-    snprintf(cfg + o, sizeof cfg - o, "}}");
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    if (file_write_atomic(path, cfg, strlen(cfg), err))
-        return NULL;
-    tok *t;
-    return tok_load(&t, dir, err) ? NULL : t;
-}
-
 TEST(tok_chat_kimi2)
 {
     errbuf err;
-    tok *t = k2_tok(0, &err);
+    tok *t = tt_k2_tok(0, &err);
     CHECKF(t, "%s", err.msg);
     CHECKF(tok_chat_format_of(t) == TOK_CHAT_KIMI2 && tok_eom_id(t) == 200000, "format %d eom %d",
            tok_chat_format_of(t), tok_eom_id(t));
@@ -125,7 +90,7 @@ TEST(tok_chat_kimi2)
     tok_free(t);
     CHECK(ok);
 
-    t = k2_tok(1, &err);
+    t = tt_k2_tok(1, &err);
     CHECKF(t, "%s", err.msg);
     s = render(t,
                "[{\"role\": \"user\", \"content\": \"Q1\"}, {\"role\": \"assistant\", \"content\": \"A1\", "
@@ -152,38 +117,9 @@ TEST(tok_chat_kimi2)
 /* A DeepSeek-style tokenizer.json: byte-level vocab of the 256 bytes and DeepSeek's specials. */
 TEST(tok_chat_deepseek3)
 {
-    char dir[512], path[700], cmd[600];
     errbuf err;
-    snprintf(dir, sizeof dir, "%s/dsv3", test_tmpdir());
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
-    CHECK(system(cmd) == 0);
-    char *j = malloc(64 * 1024), *p = j;
-    p += sprintf(p, "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
-                    "\"pattern\": {\"Regex\": \"\\\\p{N}{1,3}\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
-                    "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}, "
-                    "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {");
-    int n = 0;
-    for (int b = 0; b < 256; b++) {
-        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        int cp = printable ? b : 256 + n++;
-        p += sprintf(p, "%s\"\\u%04x\": %d", b ? ", " : "", cp, b);
-    }
-    p += sprintf(p, "}, \"merges\": []}, \"added_tokens\": [");
-    static const char *sp[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-                               "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
-                               "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
-                               "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁sep｜>"};
-    for (int i = 0; i < 13; i++)
-        p += sprintf(p, "%s{\"id\": %d, \"content\": \"%s\", \"special\": true}", i ? ", " : "", 300 + i, sp[i]);
-    sprintf(p, "]}");
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    CHECK(!file_write_atomic(path, j, strlen(j), &err));
-    free(j);
-    static const char cfg[] = "{\"chat_template\": \"{{'<｜Assistant｜>'}}\"}";
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    CHECK(!file_write_atomic(path, cfg, strlen(cfg), &err));
-    tok *t;
-    CHECKF(!tok_load(&t, dir, &err), "%s", err.msg);
+    tok *t = tt_ds_tok(&err);
+    CHECKF(t, "%s", err.msg);
     CHECKF(tok_chat_format_of(t) == TOK_CHAT_DEEPSEEK3 && tok_eom_id(t) == 301, "format %d eom %d",
            tok_chat_format_of(t), tok_eom_id(t));
     int ok = 1;

@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/file.h"
 #include "test.h"
 #include "test_tok.h"
 #include "tokenizer/tok_unicode.h"
@@ -116,4 +118,83 @@ size_t tt_rand_utf8(uint64_t *st, char *buf, size_t maxcp)
     }
     buf[o] = 0;
     return o;
+}
+
+/* A K2-style folder: the stand-in ranks (symlinked) and K2's special names at the same offsets. */
+tok *tt_k2_tok(int thinking, errbuf *err)
+{
+    char dir[512], path[700], target[700], cmd[1600];
+    snprintf(dir, sizeof dir, "%s/k2-%d", test_tmpdir(), thinking);
+    snprintf(target, sizeof target, "%s", test_data("tokenizers/kimi-k3-standin/tiktoken.model"));
+    if (target[0] != '/') {
+        char cwd[400];
+        if (!getcwd(cwd, sizeof cwd))
+            return NULL;
+        snprintf(target, sizeof target, "%s/%s", cwd, test_data("tokenizers/kimi-k3-standin/tiktoken.model"));
+    }
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s' '%s/tiktoken.model'", dir, target, dir);
+    if (system(cmd) != 0)
+        return NULL;
+    static const char *names[][2] = {
+        {"199998", "[BOS]"}, {"199999", "[EOS]"}, {"200000", "<|im_end|>"}, {"200001", "<|im_user|>"},
+        {"200002", "<|im_assistant|>"}, {"200008", "<|im_system|>"}, {"200009", "<|tool_calls_section_begin|>"},
+        {"200010", "<|tool_calls_section_end|>"}, {"200011", "<|tool_call_begin|>"},
+        {"200012", "<|tool_call_argument_begin|>"}, {"200013", "<|tool_call_end|>"}, {"200015", "<|im_middle|>"},
+        {"200020", "<think>"}, {"200021", "</think>"}};
+    char cfg[4096];
+    size_t o = (size_t)snprintf(cfg, sizeof cfg, "{\"chat_template\": \"{{ '<|im_middle|>' }}%s\", \"added_tokens_decoder\": {",
+                                thinking ? "<think>" : "");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        o += (size_t)snprintf(cfg + o, sizeof cfg - o, "%s\"%s\": {\"content\": \"%s\", \"special\": true}", i ? ", " : "",
+                              names[i][0], names[i][1]);
+    snprintf(cfg + o, sizeof cfg - o, "}}");
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (file_write_atomic(path, cfg, strlen(cfg), err))
+        return NULL;
+    tok *t;
+    return tok_load(&t, dir, err) ? NULL : t;
+}
+
+
+/* A DeepSeek-style tokenizer.json in a temp folder: byte-level vocab of the 256 bytes and
+ * DeepSeek's specials at 300.. */
+tok *tt_ds_tok(errbuf *err)
+{
+    char dir[512], path[700], cmd[600];
+    snprintf(dir, sizeof dir, "%s/dsv3", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+    if (system(cmd) != 0) {
+        errbuf_set(err, "mkdir %s failed", dir);
+        return NULL;
+    }
+    char *j = malloc(64 * 1024), *p = j;
+    p += sprintf(p, "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+                    "\"pattern\": {\"Regex\": \"\\\\p{N}{1,3}\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
+                    "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}, "
+                    "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {");
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        int cp = printable ? b : 256 + n++;
+        p += sprintf(p, "%s\"\\u%04x\": %d", b ? ", " : "", cp, b);
+    }
+    p += sprintf(p, "}, \"merges\": []}, \"added_tokens\": [");
+    static const char *sp[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                               "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                               "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
+                               "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁sep｜>"};
+    for (int i = 0; i < 13; i++)
+        p += sprintf(p, "%s{\"id\": %d, \"content\": \"%s\", \"special\": true}", i ? ", " : "", 300 + i, sp[i]);
+    sprintf(p, "]}");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int bad = file_write_atomic(path, j, strlen(j), err);
+    free(j);
+    if (bad)
+        return NULL;
+    static const char cfg[] = "{\"chat_template\": \"{{'<｜Assistant｜>'}}\"}";
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (file_write_atomic(path, cfg, strlen(cfg), err))
+        return NULL;
+    tok *t;
+    return tok_load(&t, dir, err) ? NULL : t;
 }

@@ -20,67 +20,52 @@ static const char *HELP =
     "Output is text, or the generated ids with --print-ids. --stats prints time to first token,\n"
     "tokens/s, per-phase times and weight-store figures on stderr.\n";
 
-/* K3's chat markup (XTML) in the reply: `<|open|>TAG attrs<|sep|>` and `<|close|>TAG<|sep|>`.
- * The tag text between those ids is not printed; the thinking channel shows as <think>…</think>,
- * every other tag (message, response) is dropped. The ids themselves still reach the engine. */
-struct xtml {
-    int32_t open, close, sep; /* -1 when the format has none */
-    int in_tag, closing;      /* inside a tag's header; it was opened by <|close|> */
-    char head[64];
-    size_t nhead;
-};
-
+/* Where generated ids go: printed as ids, decoded as plain text (tok_stream), or with --chat read
+ * by the reply parser (tok_reply): reasoning shows as <think>...</think>, a tool call as a line
+ * "[tool call] NAME ARGUMENTS", the markup itself not at all. */
 struct emit {
     int print_ids;
     int n;
-    engine *eng; /* marked at the first token: --stats reports decode apart from the prompt */
-    tok_stream *ts; /* NULL: print ids */
-    const tok *tk;
-    struct xtml x;
+    engine *eng;      /* marked at the first token: --stats reports decode apart from the prompt */
+    tok_stream *ts;   /* plain text, or NULL */
+    tok_reply *reply; /* --chat, or NULL */
+    int in_think;     /* "<think>" printed and not yet closed */
 };
 
-/* 1 if the id belongs to the markup (and has been dealt with) */
-static int xtml_take(struct emit *e, int32_t id)
+static int on_reply(void *ud, const tok_reply_event *ev)
 {
-    struct xtml *x = &e->x;
-    if (x->open < 0)
-        return 0;
-    if (id == x->open || id == x->close) {
-        x->in_tag = 1;
-        x->closing = id == x->close;
-        x->nhead = 0;
-        return 1;
+    struct emit *e = ud;
+    if (ev->kind == TOK_REPLY_REASONING && !e->in_think) {
+        fputs("<think>", stdout);
+        e->in_think = 1;
+    } else if (ev->kind != TOK_REPLY_REASONING && e->in_think) {
+        fputs("</think>\n", stdout);
+        e->in_think = 0;
     }
-    if (!x->in_tag)
-        return 0;
-    if (id == x->sep) {
-        x->in_tag = 0;
-        x->head[x->nhead] = 0;
-        if (!strncmp(x->head, "think", 5) && (x->head[5] == 0 || x->head[5] == ' '))
-            fputs(x->closing ? "</think>\n" : "<think>", stdout);
-        return 1;
-    }
-    size_t n;
-    const uint8_t *b = tok_token_bytes(e->tk, id, &n);
-    for (size_t i = 0; b && i < n && x->nhead + 1 < sizeof x->head; i++)
-        x->head[x->nhead++] = (char)b[i];
-    return 1;
+    if (ev->kind == TOK_REPLY_TEXT || ev->kind == TOK_REPLY_REASONING)
+        fwrite(ev->text, 1, ev->len, stdout);
+    else if (ev->kind == TOK_REPLY_TOOL_CALL)
+        printf("\n[tool call] %s %.*s\n", ev->name, (int)ev->len, ev->text);
+    return 0;
 }
 
 static int on_token(void *ud, int32_t id)
 {
     struct emit *e = ud;
+    errbuf err;
     if (e->n == 0)
         engine_mark_decode(e->eng);
-    if (e->print_ids || !e->ts) {
+    if (e->print_ids || (!e->ts && !e->reply)) {
         printf(e->n++ ? " %d" : "%d", id);
+    } else if (e->reply) {
+        e->n++;
+        if (tok_reply_feed(e->reply, &id, 1, on_reply, e, &err) < 0)
+            fprintf(stderr, "deltafin run: %s\n", err.msg);
     } else {
         e->n++;
-        if (!xtml_take(e, id)) {
-            size_t n;
-            const char *txt = tok_stream_feed(e->ts, id, &n);
-            fwrite(txt, 1, n, stdout);
-        }
+        size_t n;
+        const char *txt = tok_stream_feed(e->ts, id, &n);
+        fwrite(txt, 1, n, stdout);
     }
     fflush(stdout);
     return 0;
@@ -162,6 +147,7 @@ int cmd_run(int argc, char **argv)
     sampler sm;
     const tok *tk = NULL;
     tok_stream ts;
+    tok_reply *reply = NULL;
     tok_ids ids = {0};
     int rc = 1, have_stream = 0;
     int32_t *stop = NULL;
@@ -226,7 +212,10 @@ int cmd_run(int argc, char **argv)
         for (int i = 0; i < nt; i++)
             stop[nstop++] = ts_ids[i];
     }
-    if (tk && !print_ids) {
+    if (tk && !print_ids && chat) {
+        if (tok_reply_new(tk, thinking, &reply, &err) != 0)
+            goto out;
+    } else if (tk && !print_ids) {
         if (tok_stream_init(&ts, tk, 1, &err) != 0)
             goto out;
         have_stream = 1;
@@ -247,15 +236,10 @@ int cmd_run(int argc, char **argv)
     so.max_commit = 0;  /* no drafting yet: every pass is kept whole */
     so.ckpt_budget = 0; /* one prompt, nothing to come back to */
     gen_req rq = {ids.v, n, (int)max_new, stop, nstop};
-    struct emit em = {print_ids, 0, e, have_stream ? &ts : NULL, tk, {-1, -1, -1, 0, 0, {0}, 0}};
-    if (chat && have_stream && tok_chat_format_of(tk) == TOK_CHAT_K3) {
-        em.x.open = tok_token_id(tk, "<|open|>", 8);
-        em.x.close = tok_token_id(tk, "<|close|>", 9);
-        em.x.sep = tok_token_id(tk, "<|sep|>", 7);
-        if (em.x.open < 0 || em.x.close < 0 || em.x.sep < 0)
-            em.x.open = -1;
-        else if (thinking)
-            fputs("<think>", stdout); /* the prompt opened the thinking channel */
+    struct emit em = {print_ids, 0, e, have_stream ? &ts : NULL, reply, 0};
+    if (reply && thinking && tok_chat_format_of(tk) == TOK_CHAT_K3) {
+        fputs("<think>", stdout); /* the prompt opened the thinking channel */
+        em.in_think = 1;
     }
     gen_stats st;
     if (sampler_init(&sm, &sc, hp->vocab, &err) || session_new(e, &so, &s, &err))
@@ -267,6 +251,10 @@ int cmd_run(int argc, char **argv)
         const char *rest = tok_stream_flush(&ts, &len);
         fwrite(rest, 1, len, stdout);
     }
+    if (reply && tok_reply_finish(reply, on_reply, &em, &err) < 0)
+        goto out;
+    if (em.in_think)
+        fputs("</think>", stdout);
     printf("\n");
     fflush(stdout);
     if (stats) {
@@ -291,6 +279,7 @@ out:
     session_free(s);
     if (have_stream)
         tok_stream_free(&ts);
+    tok_reply_free(reply);
     tok_ids_free(&ids);
     engine_free(e);
     return rc;

@@ -115,6 +115,51 @@ int tok_stop_ids(const tok *t, const int32_t **ids);
 int tok_is_stop(const tok *t, int32_t id);
 int32_t tok_eom_id(const tok *t); /* end of a message (K3 <|end_of_msg|>, <|im_end|>); -1 if none */
 
+/* The reply parser: a model's generated ids in, what they say out, for the folder's chat format
+ * (K3 XTML, Kimi K2, Qwen3, DeepSeek-V3; a format without chat gives plain text).
+ *
+ *     tok_reply *r;  tok_reply_new(t, thinking, &r, &err);
+ *     for each group of generated ids:  tok_reply_feed(r, ids, n, on_event, ud, &err);
+ *     tok_reply_finish(r, on_event, ud, &err);  tok_reply_free(r);
+ *
+ * Events: answer text, reasoning text (K3's think channel, <think>...</think>), each tool call
+ * whole (its name and its arguments as a JSON object), and the end of the message. It is
+ * incremental: ids come one at a time or many at once (a verified draft), and a marker split
+ * over several ids, or a code point over several, is held back until it is whole, so the events
+ * (joined by kind) do not depend on how the ids were grouped. Text that only looks like a marker
+ * is text; a K3 tag the parser does not know loses its header and keeps its contents in the
+ * enclosing channel. A stop id of the format ends the message, and what follows is ignored. */
+typedef enum tok_reply_kind {
+    TOK_REPLY_TEXT,      /* the answer's text, complete UTF-8 */
+    TOK_REPLY_REASONING, /* the thinking channel's text */
+    TOK_REPLY_TOOL_CALL, /* one whole tool call */
+    TOK_REPLY_END        /* the end of the message */
+} tok_reply_kind;
+
+typedef struct tok_reply_event {
+    tok_reply_kind kind;
+    const char *text;  /* TEXT, REASONING: new text; TOOL_CALL: its arguments (a JSON object) */
+    size_t len;
+    const char *name;  /* TOOL_CALL: the function's name */
+    const char *id;    /* TOOL_CALL: the id the model wrote for it (Kimi K2's "functions.f:0"), or "" */
+    int index;         /* TOOL_CALL: 0, 1, ... within the message */
+} tok_reply_event;
+
+/* Called for each event (valid during the call); a non-zero return stops the feed, which returns
+ * that value. */
+typedef int (*tok_reply_fn)(void *ud, const tok_reply_event *ev);
+
+typedef struct tok_reply tok_reply;
+/* thinking: the prompt opened the thinking channel itself (K3 with thinking on); formats whose
+ * model writes its own <think> need not say. */
+int tok_reply_new(const tok *t, int thinking, tok_reply **out, errbuf *err);
+/* Returns 0, the callback's non-zero value, or -1 (out of memory, err set). */
+int tok_reply_feed(tok_reply *r, const int32_t *ids, size_t n, tok_reply_fn cb, void *ud, errbuf *err);
+/* The end of the ids: text held back (a partial marker, an incomplete code point as U+FFFD) comes
+ * out; a tool call the ids cut short is dropped. No END event unless a stop id came. */
+int tok_reply_finish(tok_reply *r, tok_reply_fn cb, void *ud, errbuf *err);
+void tok_reply_free(tok_reply *r);
+
 /* Chat rendering. `req` is an OpenAI-style messages array, or a chat-completions request object
  * with "messages" and optionally "tools", "tool_choice", "response_format". */
 typedef struct tok_chat_opts {

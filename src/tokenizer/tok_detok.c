@@ -47,9 +47,7 @@ static int utf8_seq(const uint8_t *s, size_t n)
     return need + 1;
 }
 
-/* Decodes in[0..n) into out; with `final` == 0 an incomplete tail is left undecoded and its
- * length returned in *rest. Returns the output length. out needs 3 * n bytes. */
-static size_t utf8_replace(const uint8_t *in, size_t n, char *out, int final, size_t *rest)
+size_t tok_utf8_replace(const uint8_t *in, size_t n, char *out, int final, size_t *rest)
 {
     size_t i = 0, o = 0;
     *rest = 0;
@@ -98,7 +96,7 @@ int tok_decode(const tok *t, const int32_t *ids, size_t n, int skip_special, cha
         memcpy(raw + r, t->blob + t->off[ids[i]], l);
         r += l;
     }
-    size_t o = utf8_replace(raw, r, txt, 1, &rest);
+    size_t o = tok_utf8_replace(raw, r, txt, 1, &rest);
     txt[o] = 0;
     free(raw);
     *out = txt;
@@ -133,7 +131,7 @@ const char *tok_stream_feed(tok_stream *s, int32_t id, size_t *len)
     memcpy(s->in, s->pend, (size_t)s->npend);
     memcpy(s->in + s->npend, t->blob + t->off[id], l);
     size_t n = (size_t)s->npend + l;
-    *len = utf8_replace(s->in, n, s->out, 0, &rest);
+    *len = tok_utf8_replace(s->in, n, s->out, 0, &rest);
     memcpy(s->pend, s->in + n - rest, rest);
     s->npend = (int)rest;
     s->out[*len] = 0;
@@ -143,7 +141,7 @@ const char *tok_stream_feed(tok_stream *s, int32_t id, size_t *len)
 const char *tok_stream_flush(tok_stream *s, size_t *len)
 {
     size_t rest;
-    *len = utf8_replace(s->pend, (size_t)s->npend, s->out, 1, &rest);
+    *len = tok_utf8_replace(s->pend, (size_t)s->npend, s->out, 1, &rest);
     s->npend = 0;
     s->out[*len] = 0;
     return s->out;

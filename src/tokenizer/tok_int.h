@@ -19,6 +19,13 @@
 
 #include "tokenizer/tok.h"
 
+/* ---- UTF-8 (tok_detok.c) ---- */
+
+/* Decodes in[0..n) into out with errors="replace" (a maximal ill-formed subpart -> U+FFFD); with
+ * `final` == 0 an incomplete tail is left undecoded and its length returned in *rest. Returns the
+ * output length. out needs 3 * n bytes. */
+size_t tok_utf8_replace(const uint8_t *in, size_t n, char *out, int final, size_t *rest);
+
 /* ---- hash maps (tok_bpe.c) ---- */
 
 /* bytes -> id, open addressing over 16-byte slots. A token of at most 8 bytes is kept in the slot
