@@ -1,5 +1,5 @@
-/* test_tok_chat.c — chat formats beyond the oracle's cases: Kimi K2 (and K2-Thinking) against the
- * renderings spelled out in formats-tokenizers-api.md §2.2, DeepSeek-V3 against §2.4's example, and
+/* test_tok_chat.c — chat formats beyond the oracle's cases: Kimi K2 (and K2-Thinking) and
+ * DeepSeek-V3 against renderings of their templates written out by hand, and
  * the parts of K3's encoding_k3.py the oracle chats do not reach (tool choice, response format,
  * names and attribute escaping, dynamic tools, images, argument types, non-JSON arguments, tool
  * result re-ordering, thinking off). Model folders for K2 and DeepSeek are assembled in a temp dir. */

@@ -1,6 +1,6 @@
 /* err.h — error reporting by value: a message buffer filled by the function that failed.
  *
- * Convention (see DESIGN.md, Conventions): a function that can fail returns an int, 0 on
+ * Convention: a function that can fail returns an int, 0 on
  * success and -1 on failure, and takes an `errbuf *` that it fills with one line saying what
  * went wrong and where ("model.safetensors: tensor 'x': data_offsets past end of file").
  * Callers that add context use errbuf_prefix. Only main() turns an error into an exit code.

@@ -1,4 +1,4 @@
-/* tok_chat_deepseek3.c — DeepSeek-V3's original chat format (formats-tokenizers-api.md §2.4):
+/* tok_chat_deepseek3.c — DeepSeek-V3's original chat format:
  *   <｜begin▁of▁sentence｜>{system contents joined by "\n\n"}
  *   user       <｜User｜>{content}
  *   assistant  <｜Assistant｜>{content}<｜end▁of▁sentence｜>, or with tool calls

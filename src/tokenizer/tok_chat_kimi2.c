@@ -12,8 +12,8 @@
  *   gen prompt <|im_assistant|>assistant<|im_middle|>
  * Tool call ids are the calls' own ids, else functions.{name}:{n} (n counts calls without an id);
  * tool results take the ids of the calls in order. This follows the K2-Thinking chat template
- * (K2-Instruct's is the same without the think tags). The tools JSON spacing is the compact form
- * of formats-tokenizers-api.md §2.2; no reference ids for K2 were available to check it.
+ * (K2-Instruct's is the same without the think tags). The tools JSON is written compact (no
+ * spaces after separators); no reference ids for K2 were available to check it.
  */
 #include <stdio.h>
 #include <stdlib.h>

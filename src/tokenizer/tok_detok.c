@@ -1,7 +1,7 @@
 /* tok_detok.c — ids -> UTF-8, whole or streaming.
  *
  * Token bytes are concatenated (a special token contributes its name) and decoded as UTF-8 with
- * errors="replace": each maximal subpart of an ill-formed sequence (Unicode §3.9, what Python and
+ * errors="replace": each maximal subpart of an ill-formed sequence (the Unicode standard's rule, what Python and
  * Rust's from_utf8_lossy do) becomes one U+FFFD. The streaming decoder emits a prefix as soon as it
  * is complete and holds back at most 3 bytes that could still become a code point; its buffers are
  * sized at init from the longest token, so feeding an id never allocates: the output of one feed

@@ -1,7 +1,6 @@
 /* tok_unicode.c — UTF-8 output and Unicode normalization (NFC, NFD) over the generated tables.
  *
- * NFC works span by span (UAX #15 §9): a code point with combining class 0 and
- * NFC_Quick_Check=Yes (not TOKU_NFC_CHECK) is a boundary that normalization never moves across,
+ * NFC works span by span: a code point with combining class 0 and NFC_Quick_Check=Yes (not TOKU_NFC_CHECK) is a boundary that normalization never moves across,
  * so only the span from the last such code point before a flagged one up to the next such code
  * point is decomposed, reordered and recomposed; everything else is copied. Invalid UTF-8 bytes
  * are boundaries too and are copied through unchanged (normalization never repairs input).

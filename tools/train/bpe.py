@@ -31,7 +31,7 @@ KIMI_PAT = (
 QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
             r"\s+(?!\S)|\s+")
 
-# K3's named special tokens: offset from the number of BPE ranks (spec section 11; the slot at 21 is named as in
+# K3's named special tokens: offset from the number of BPE ranks (the slot at 21 is named as in
 # the kimi-k3 stand-in tokenizer the engine is tested with). All other slots up to 255 are <|reserved_token_ID|>.
 K3_SPECIALS = {0: "[BOS]", 1: "[EOS]", 2: "<|end_of_msg|>", 3: "<|open|>", 4: "<|close|>", 5: "<|sep|>",
                6: "[start_header_id]", 7: "[end_header_id]", 9: "[EOT]", 18: "<|media_begin|>",

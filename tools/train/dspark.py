@@ -1,4 +1,4 @@
-"""DSpark-style block drafter for mini-K3 (spec section 12, scaled down), our own code.
+"""DSpark-style block drafter for mini-K3 (scaled down), our own code.
 
 It reads the raw AttnRes prefix sums that mini-K3 layers `target_layer_ids` return, concatenated per token,
 projects them (context_proj) and norms them (context_norm) into one context vector per target-processed token.

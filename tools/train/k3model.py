@@ -1,16 +1,16 @@
 """mini-K3: Kimi K3's text decoder in plain PyTorch, for training and for exporting in K3's release format.
 
-The math is K3's as written in shared/spec/kimi-k3.md (sections 3-9); this file is our own code:
-  - Block Attention Residuals (spec 5): the embedding and each finished block's sum sit on a stack; every
+The math is K3's as docs/model.md describes it; this file is our own code:
+  - Block Attention Residuals (Block AttnRes): the embedding and each finished block's sum sit on a stack; every
     layer mixes stack + current prefix with softmax(rms(v) . (norm.w * proj.w)) over raw values.
-  - KDA (spec 6): q/k/v projections -> causal depthwise conv (F32, tap W-1 = current) -> SiLU; l2-normed q/k,
+  - KDA (KDA): q/k/v projections -> causal depthwise conv (F32, tap W-1 = current) -> SiLU; l2-normed q/k,
     q scaled by d^-0.5; lower-bound forget gate g = lb * sigmoid(exp(A_log[h]) * (f + dt_bias)) with f from a
     shared low-rank pair f_b(f_a(x)); beta = sigmoid(b_proj(x)); decay, delta-rule write, read the updated
     state; per-head RMSNorm with F32 o_norm then * sigmoid(g_proj(x)) (full-rank output gate); o_proj.
-  - gated NoPE MLA (spec 7): q_a -> rms(1e-6) -> q_b; kv_a -> [c ; k_pe], c -> rms(1e-6) -> kv_b; no rotation
+  - gated NoPE MLA : q_a -> rms(1e-6) -> q_b; kv_a -> [c ; k_pe], c -> rms(1e-6) -> kv_b; no rotation
     anywhere, k_pe shared by all heads; scale (nope+rope)^-0.5; output * sigmoid(g_proj(x)) before o_proj.
-  - SiTU-GLU (spec 8): 4 tanh(a/4) sigmoid(a) * 25 tanh(b/25); a dense MLP on the first layer(s).
-  - latent MoE (spec 8): sigmoid router in fp32, bias for selection only, renormalised top-k weights;
+  - SiTU-GLU : 4 tanh(a/4) sigmoid(a) * 25 tanh(b/25); a dense MLP on the first layer(s).
+  - latent MoE : sigmoid router in fp32, bias for selection only, renormalised top-k weights;
     down-proj to the latent width, experts (SiTU-GLU), weighted sum, latent RMSNorm, up-proj; shared experts
     on the full-width input, added unweighted.
 Training-only choices (they do not change the function an exported checkpoint computes):
