@@ -196,7 +196,7 @@ static void compare_streamed(const char *dir, int dfsp, int slots, int pf, int c
     blob_table bt;
     dfsp_info info;
     if (dfsp)
-        CHECKF(dfsp_open(dir, m, &bt, &info, &err) == 0, "%s", err.msg);
+        CHECKF(dfsp_open(dir, NULL, m, &bt, &info, &err) == 0, "%s", err.msg);
     else
         CHECKF(model_load(m, dir, &err) == 0, "%s", err.msg);
     store *st = open_store(m, dfsp ? &info : NULL, dfsp ? &bt : NULL, slots, pf,
@@ -273,7 +273,7 @@ static void compare_all(const char *src)
         model dm;
         blob_table bt;
         dfsp_info info;
-        CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+        CHECKF(dfsp_open(dst, NULL, &dm, &bt, &info, &err) == 0, "%s", err.msg);
         CHECK(info.npacks == layouts[l][0]);
         float *mapped = run(&dm, NULL, NIDS, &err);
         /* every spine streamed, then half of them: prefetch on and off */
@@ -332,7 +332,7 @@ static void prepare_open(char **dst, const char *name, int ndrives, int mirrors,
     errbuf err;
     *dst = dir_in_tmp(name);
     CHECKF(prepare("models/default", *dst, ndrives, mirrors, &err) == 0, "%s", err.msg);
-    CHECKF(dfsp_open(*dst, dm, bt, info, &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(*dst, NULL, dm, bt, info, &err) == 0, "%s", err.msg);
 }
 
 TEST(store_flipped_byte_is_named)
@@ -417,7 +417,7 @@ TEST(store_recovers_after_a_failed_load)
      * layer 1's spine is held) */
     for (int budget = 2; budget >= LEAST; budget -= 3) {
         if (budget == LEAST)
-            CHECKF(dfsp_open(dst, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+            CHECKF(dfsp_open(dst, NULL, &dm, &bt, &info, &err) == 0, "%s", err.msg);
         char pack[1024];
         uint64_t off[512];
         int ne = bt.n_experts < 512 ? bt.n_experts : 512;
@@ -739,13 +739,13 @@ TEST(store_truncated_pack)
     model dm;
     blob_table bt;
     dfsp_info info;
-    CHECK(dfsp_open(dst, &dm, &bt, &info, &err) == 0);
+    CHECK(dfsp_open(dst, NULL, &dm, &bt, &info, &err) == 0);
     char pack[1024];
     snprintf(pack, sizeof pack, "%s", info.pack_path[0]);
     blob_table_free(&bt);
     model_free(&dm);
     CHECK(truncate(pack, 4096 * 10) == 0);
-    CHECK(dfsp_open(dst, &dm, &bt, &info, &err) != 0);
+    CHECK(dfsp_open(dst, NULL, &dm, &bt, &info, &err) != 0);
     CHECKF(strstr(err.msg, "truncated") && strstr(err.msg, ".pack"), "%s", err.msg);
 }
 
@@ -772,7 +772,7 @@ TEST(store_prepare_resumes)
     blob_table bt;
     dfsp_info info;
     CHECK(model_load(&a, "models/default", &err) == 0);
-    CHECKF(dfsp_open(dst, &b, &bt, &info, &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(dst, NULL, &b, &bt, &info, &err) == 0, "%s", err.msg);
     blob_table_free(&bt);
     float *la = run(&a, NULL, NIDS, &err), *lb = run(&b, NULL, NIDS, &err);
     int same = la && lb && memcmp(la, lb, sizeof(float) * NIDS * (size_t)a.hp.vocab) == 0;
@@ -1029,7 +1029,7 @@ TEST(store_spine_int8)
     blob_table bt;
     dfsp_info info;
     CHECKF(model_load(&src, "models/default", &err) == 0, "%s", err.msg);
-    CHECKF(dfsp_open(q8, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(q8, NULL, &dm, &bt, &info, &err) == 0, "%s", err.msg);
     blob_table_free(&bt);
     CHECKF(info.spine_int8 && strstr(info.pack_path[0], "-int8.pack"), "%d %s", info.spine_int8, info.pack_path[0]);
     char man[4300];
@@ -1059,11 +1059,11 @@ TEST(store_spine_int8)
     model_free(&src);
     model_free(&dm);
     /* the as-released store of the same model beside it: its own pack and its own logits */
-    CHECKF(dfsp_open(plain, &dm, &bt, &info, &err) == 0, "%s", err.msg);
+    CHECKF(dfsp_open(plain, NULL, &dm, &bt, &info, &err) == 0, "%s", err.msg);
     blob_table_free(&bt);
     model_free(&dm);
     CHECKF(!info.spine_int8 && !strstr(info.pack_path[0], "-int8"), "%s", info.pack_path[0]);
-    CHECKF(dfsp_open(q8, &dm, &bt, &info, &err) == 0, "%s", err.msg); /* still intact */
+    CHECKF(dfsp_open(q8, NULL, &dm, &bt, &info, &err) == 0, "%s", err.msg); /* still intact */
     blob_table_free(&bt);
     model_free(&dm);
     /* neither store is completed the other way */

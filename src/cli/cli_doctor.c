@@ -22,7 +22,7 @@
 #include "store/store.h"
 
 static const char *HELP =
-    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--no-save] [--model STORE] [--verbose]\n"
+    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--no-save] [--model DIR] [--verbose]\n"
     "For each drive folder: O_DIRECT sequential read bandwidth at several request sizes and queue\n"
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
     "1G) that is removed afterwards; --verbose prints the whole size x depth grid. The smallest\n"
@@ -31,8 +31,9 @@ static const char *HELP =
     "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, the same\n"
     "grid of random reads of it is measured too (cold model data, each cell at most 2 s), and the\n"
     "tuning is picked from that grid; its best is saved beside the tuning, and run --stats puts\n"
-    "decode's reads against it. With --model STORE: reads every blob of a DFSP store and checks its\n"
-    "xxh3 checksum.\n";
+    "decode's reads against it. With --model DIR: reads every blob of a DFSP store and checks its\n"
+    "xxh3 checksum, and (a store or a Hugging Face folder) checks that every weight is finite,\n"
+    "naming the tensor, row and column of the first that is not.\n";
 
 static int write_temp(const char *path, uint64_t size, errbuf *err)
 {
@@ -271,6 +272,8 @@ int cmd_doctor(int argc, char **argv)
     errbuf err;
     if (!drives && !model)
         drives = ".";
+    if (drives && strspn(drives, ",") == strlen(drives))
+        return cli_usage(cmd, "--drives names no folder ('%s'): give DIR[,DIR...]", drives);
     if (drives) {
         char buf[8192], *save = NULL;
         snprintf(buf, sizeof buf, "%s", drives);
@@ -339,17 +342,18 @@ int cmd_doctor(int argc, char **argv)
         eo.model = model;
         eo.threads = 1;
         eo.min_cache = 1; /* verification reads blob by blob through one slot */
-        if (!dfsp_is_store(model)) {
-            errbuf_set(&err, "%s: not a DFSP store (deltafin prepare makes one)", model);
-            return cli_fail(cmd, &err);
-        }
+        int dfsp = dfsp_is_store(model);
         if (engine_open(&eo, &e, &err) != 0)
             return cli_fail(cmd, &err);
-        int rc = engine_store(e) ? store_verify_all(engine_store(e), &err) : 0;
+        int rc = dfsp && engine_store(e) ? store_verify_all(engine_store(e), &err) : 0;
+        if (rc == 0)
+            rc = model_scan_finite(engine_model(e), &err);
         engine_free(e);
         if (rc != 0)
             return cli_fail(cmd, &err);
-        printf("%s: every copy of every blob matches its checksum\n", model);
+        if (dfsp)
+            printf("%s: every copy of every blob matches its checksum\n", model);
+        printf("%s: every weight is finite\n", model);
     }
     return 0;
 }

@@ -48,26 +48,6 @@ int engine_default_model(char *out, size_t cap, errbuf *err)
     return errbuf_set(err, "no --model given and the bundled model (models/default) was not found");
 }
 
-/* Replaces the drive folder of every pack with the matching --drives entry. */
-static int override_drives(dfsp_info *info, const char *drives, errbuf *err)
-{
-    char buf[4096], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", drives);
-    char *dir[STORE_MAX_PACKS];
-    int n = 0;
-    for (char *t = strtok_r(buf, ",", &save); t && n < STORE_MAX_PACKS; t = strtok_r(NULL, ",", &save))
-        dir[n++] = t;
-    if (n != info->ndrives)
-        return errbuf_set(err, "--drives names %d folders, the store was prepared on %d", n, info->ndrives);
-    for (int i = 0; i < info->npacks; i++) {
-        const char *base = strrchr(info->pack_path[i], '/');
-        char np[1024];
-        snprintf(np, sizeof np, "%s/%s", dir[info->pack_drive[i]], base ? base + 1 : info->pack_path[i]);
-        snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", np);
-    }
-    return 0;
-}
-
 static engine *engine_alloc(const engine_opts *o, errbuf *err)
 {
     const kern_ops *k = kern_select(o->kernels);
@@ -92,6 +72,121 @@ static int engine_start_pool(engine *e, const engine_opts *o, errbuf *err)
     return e->pool ? 0 : -1;
 }
 
+/* Opens the store for e->own when its weights stream (--ram-budget, or more than 80% of RAM);
+ * takes bt. e->store stays NULL when everything is mapped. */
+static int open_store(engine *e, const engine_opts *o, const char *model_dir, blob_table *bt, const dfsp_info *info,
+                      errbuf *err)
+{
+    uint64_t budget = 0, ram = store_physical_ram();
+    int stream = o->ram_budget > 0 || o->min_cache || (ram && bt->spine_bytes + bt->expert_bytes > ram / 10 * 8);
+    if (o->min_cache)
+        budget = bt->spine_bytes + 2 * blob_padded(bt->max_expert);
+    else if (o->ram_budget)
+        budget = o->ram_budget;
+    else
+        budget = ram / 10 * 8;
+    if (!stream || bt->expert_bytes == 0) /* with no routed experts there is nothing to stream */
+        return 0;
+    store_cfg sc;
+    memset(&sc, 0, sizeof sc);
+    io_cfg_default(&sc.io);
+    sc.ram_budget = budget;
+    sc.prefetch = o->prefetch;
+    sc.verify = o->verify;
+    if (o->io != ENGINE_IO_AUTO)
+        sc.io.backend = o->io == ENGINE_IO_URING ? IO_URING : IO_PREAD;
+    if (o->emulate && io_parse_emulation(&sc.io, o->emulate, err) != 0)
+        return -1;
+    char heat[4200];
+    if (e->dfsp) {
+        snprintf(heat, sizeof heat, "%s/heat.bin", model_dir);
+        sc.heat_path = heat;
+    }
+    if (store_open(&e->store, &e->own, bt, e->dfsp ? info : NULL, &sc, err) != 0)
+        return -1;
+    e->xs = store_weights(e->store);
+    return 0;
+}
+
+static void say_warnings(const char *text)
+{
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        int n = nl ? (int)(nl - p) : (int)strlen(p);
+        fprintf(stderr, "deltafin: warning: %.*s; its blobs are read from their other copies\n", n, p);
+        p += n + (nl != NULL);
+    }
+}
+
+/* A DFSP store: packs found (--drives), the store opened over them, and every blob served from
+ * the mapping checked against its xxh3 before use (the others are checked as they are read into
+ * slots); a copy that fails while a mirror holds good bytes is replaced by the mirror (reopened
+ * with it). */
+static int open_dfsp(engine *e, const engine_opts *o, const char *dir, errbuf *err)
+{
+    signed char *copy = NULL;
+    uint8_t *mapped = NULL;
+    blob_table bt;
+    dfsp_info *info = calloc(1, sizeof *info);
+    int rc = -1;
+    if (!info)
+        return errbuf_set(err, "out of memory");
+    for (int attempt = 0;; attempt++) {
+        dfsp_open_opts oo = {.drives = o->drives, .copy = copy};
+        if (dfsp_open(dir, &oo, &e->own, &bt, info, err) != 0)
+            goto out;
+        if (attempt == 0 && info->warning[0])
+            say_warnings(info->warning);
+        e->spine_int8 = info->spine_int8;
+        int nb = bt.n;
+        if (open_store(e, o, dir, &bt, info, err) != 0) { /* takes bt */
+            model_free(&e->own);
+            goto out;
+        }
+        if (!o->verify)
+            break;
+        const blob_table *t = e->store ? store_blobs(e->store) : &bt;
+        if (!copy && (!(copy = malloc((size_t)nb + 1)) || !(mapped = malloc((size_t)nb + 1)))) {
+            errbuf_set(err, "out of memory");
+            goto undo;
+        }
+        if (attempt == 0)
+            memset(copy, -1, (size_t)nb + 1);
+        for (int b = 0; b < nb; b++)
+            mapped[b] = e->store ? (uint8_t)store_is_mapped(e->store, b) : 1;
+        int r = dfsp_verify_mapped(&e->own, t, mapped, e->pool, copy, err);
+        if (r == 0)
+            break;
+        if (r > 0 && attempt == 0) {
+            fprintf(stderr, "deltafin: warning: a copy of a blob in %s failed its checksum; using its mirror "
+                            "(`deltafin doctor --model %s` names the bad copy)\n",
+                    dir, dir);
+            store_free(e->store); /* bt is the store's, or still ours: freed either way */
+            e->store = NULL;
+            e->xs = NULL;
+            blob_table_free(&bt);
+            model_free(&e->own);
+            continue;
+        }
+        if (r > 0)
+            errbuf_set(err, "%s: a mirror that matched its checksum no longer does", dir);
+    undo:
+        store_free(e->store);
+        e->store = NULL;
+        e->xs = NULL;
+        blob_table_free(&bt);
+        model_free(&e->own);
+        goto out;
+    }
+    blob_table_free(&bt); /* the store took it, or nothing streams */
+    rc = 0;
+out:
+    free(copy);
+    free(mapped);
+    free(info);
+    return rc;
+}
+
 int engine_open(const engine_opts *o, engine **out, errbuf *err)
 {
     *out = NULL;
@@ -107,75 +202,31 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
         return -1;
     e->own_parts = 1;
     e->m = &e->own;
-    blob_table bt;
-    memset(&bt, 0, sizeof bt);
-    dfsp_info *info = calloc(1, sizeof *info);
-    int loaded = 0;
-    if (!info) {
-        errbuf_set(err, "out of memory");
+    if (engine_start_pool(e, o, err) != 0) /* first: verifying a store uses it */
         goto fail;
-    }
     e->dfsp = dfsp_is_store(model_dir);
     if (e->dfsp) {
-        if (dfsp_open(model_dir, &e->own, &bt, info, err) != 0)
-            goto fail;
-        loaded = 1;
-        e->spine_int8 = info->spine_int8;
-        if (o->drives && override_drives(info, o->drives, err) != 0)
+        if (open_dfsp(e, o, model_dir, err) != 0)
             goto fail;
     } else {
-        if (model_load(&e->own, model_dir, err) != 0)
-            goto fail;
-        loaded = 1;
         if (o->drives) {
             errbuf_set(err, "--drives applies to a DFSP store (deltafin prepare), not to a Hugging Face folder");
             goto fail;
         }
-    }
-    /* stream the experts when asked to, or when the model does not fit in 80% of RAM */
-    uint64_t budget = 0, ram = store_physical_ram();
-    if (!bt.n && blob_table_build(&bt, &e->own, err) != 0)
-        goto fail;
-    int stream = o->ram_budget > 0 || o->min_cache || (ram && bt.spine_bytes + bt.expert_bytes > ram / 10 * 8);
-    if (o->min_cache)
-        budget = bt.spine_bytes + 2 * blob_padded(bt.max_expert);
-    else if (o->ram_budget)
-        budget = o->ram_budget;
-    else
-        budget = ram / 10 * 8;
-    if (stream && bt.expert_bytes > 0) { /* with no routed experts there is nothing to stream */
-        store_cfg sc;
-        memset(&sc, 0, sizeof sc);
-        io_cfg_default(&sc.io);
-        sc.ram_budget = budget;
-        sc.prefetch = o->prefetch;
-        sc.verify = o->verify;
-        if (o->io != ENGINE_IO_AUTO)
-            sc.io.backend = o->io == ENGINE_IO_URING ? IO_URING : IO_PREAD;
-        if (o->emulate && io_parse_emulation(&sc.io, o->emulate, err) != 0)
+        if (model_load(&e->own, model_dir, err) != 0)
             goto fail;
-        char heat[4200];
-        if (e->dfsp) {
-            snprintf(heat, sizeof heat, "%s/heat.bin", model_dir);
-            sc.heat_path = heat;
+        blob_table bt;
+        if (blob_table_build(&bt, &e->own, err) != 0 || open_store(e, o, model_dir, &bt, NULL, err) != 0) {
+            blob_table_free(&bt);
+            model_free(&e->own);
+            goto fail;
         }
-        if (store_open(&e->store, &e->own, &bt, e->dfsp ? info : NULL, &sc, err) != 0) /* takes bt */
-            goto fail;
-        e->xs = store_weights(e->store);
+        blob_table_free(&bt);
     }
-    blob_table_free(&bt);
-    free(info);
-    info = NULL;
-    if (engine_start_pool(e, o, err) != 0)
-        goto fail;
     *out = e;
     return 0;
 fail:
-    blob_table_free(&bt);
-    free(info);
-    store_free(e->store);
-    if (loaded)
-        model_free(&e->own);
+    pool_free(e->pool);
     free(e);
     return -1;
 }

@@ -11,6 +11,8 @@
  *   - Checkpoints (ck, sorted by pos) hold rec after ck[i].pos positions of the current history;
  *     one whose position lies past a change of the history is dropped.
  *   - lg holds the logits of lg_n consecutive positions starting at absolute position lg_pos.
+ *   - cap <= context; positions below cap have their cache rows and history slots allocated
+ *     (cap grows a chunk of BLK_KV_CHUNK at a time, before the pass that needs it).
  */
 #ifndef DF_ENGINE_ENGINE_INT_H
 #define DF_ENGINE_ENGINE_INT_H
@@ -55,7 +57,7 @@ struct session {
     const model *m;
     const hparams *hp;
     session_opts o;
-    int32_t *hist;          /* [context] */
+    int32_t *hist;          /* [cap] */
     int n;                  /* committed positions */
     int pass_pos;           /* position of the last pass's first token */
     int pend_T;             /* the last pass, not yet committed (0: none) */
@@ -65,7 +67,11 @@ struct session {
     int cur;
     size_t rec_floats;
     size_t *rec_off;        /* [n_layers] offset of a KDA layer's S in rec (its conv follows) */
-    float *cache;           /* attention caches of every MLA/GQA layer for `context` positions */
+    int cap;                /* positions the caches and hist hold now (grown in chunks to context) */
+    int nchunks, chunk_cap; /* chunks allocated, and room in the pointer arrays */
+    float **chunk_mem;      /* [chunk_cap] one block per chunk: every MLA/GQA layer's rows of it */
+    size_t chunk_floats;    /* floats of one such block */
+    size_t *chunk_off;      /* [n_layers] a layer's offset in a block (attention layers) */
     float *log;             /* [max_commit][n_kda][log_floats] */
     int n_kda;
     size_t log_floats;      /* per position per KDA layer */

@@ -9,6 +9,7 @@
  * A tap of layer i is the prefix leaving it (K3) or the residual stream h after it (others):
  * exactly the values the next layer reads.
  */
+#include <math.h>
 #include <string.h>
 
 #include "engine/engine_int.h"
@@ -285,6 +286,16 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
         int first = T - n_logits;
         blk_rmsnorm(&b, h + (size_t)first * H, m->final_norm, n_logits, H, hp->rms_eps, x);
         blk_matmul(&b, &m->lm_head, x, n_logits, s->lg);
+        for (int t = 0; t < n_logits; t++) { /* garbage in the weights is an error, not a token */
+            const float *lg = s->lg + (size_t)t * hp->vocab;
+            for (int v = 0; v < hp->vocab; v++)
+                if (!isfinite(lg[v])) {
+                    errbuf_set(err, "the model produced %s logits at position %d (check the checkpoint: doctor --model)",
+                               isnan(lg[v]) ? "NaN" : "infinite", pos0 + first + t);
+                    s->lg_n = 0;
+                    goto out;
+                }
+        }
         s->lg_pos = pos0 + first;
         s->lg_n = n_logits;
     }

@@ -56,6 +56,52 @@ static void ckpt_drop_all(session *s)
     s->st.ckpt_bytes = 0;
 }
 
+/* Room for positions below `need` (<= context): cache chunks, history, per-thread scratch for
+ * scores over that many positions. On failure nothing the session holds changes. */
+static int grow(session *s, int need, errbuf *err)
+{
+    const hparams *hp = s->hp;
+    int old_cap = s->cap;
+    while (s->cap < need) {
+        if (s->nchunks == s->chunk_cap) {
+            int nc = s->chunk_cap ? 2 * s->chunk_cap : 16;
+            float **cm = realloc(s->chunk_mem, sizeof *cm * (size_t)nc);
+            if (!cm)
+                goto oom;
+            s->chunk_mem = cm;
+            for (int i = 0; i < hp->n_layers; i++)
+                if (hp->attn_kind[i] != ATTN_KDA) {
+                    float **kv = realloc(s->L[i].kv, sizeof *kv * (size_t)nc);
+                    if (!kv)
+                        goto oom;
+                    s->L[i].kv = kv;
+                }
+            s->chunk_cap = nc;
+        }
+        float *blk = alloc_floats(s->chunk_floats);
+        if (!blk)
+            goto oom;
+        s->chunk_mem[s->nchunks] = blk;
+        for (int i = 0; i < hp->n_layers; i++)
+            if (hp->attn_kind[i] != ATTN_KDA)
+                s->L[i].kv[s->nchunks] = blk + s->chunk_off[i];
+        s->nchunks++;
+        s->cap += BLK_KV_CHUNK;
+    }
+    if (s->cap != old_cap || !s->hist) {
+        int32_t *h = realloc(s->hist, sizeof *h * (size_t)s->cap);
+        if (!h)
+            goto oom;
+        s->hist = h;
+        if (pool_reserve(s->e->pool, pass_thread_floats(s->m, s->cap) * sizeof(float), err) != 0)
+            return -1;
+    }
+    return 0;
+oom: /* the chunks added stay (they are simply unused room); cap says what is whole */
+    return errbuf_set(err, "out of memory at position %d: the session's caches could not grow past %d positions",
+                      s->cap, s->cap);
+}
+
 void session_free(session *s)
 {
     if (!s)
@@ -67,7 +113,13 @@ void session_free(session *s)
     free(s->rec_off);
     free(s->rec[0]);
     free(s->rec[1]);
-    free(s->cache);
+    for (int c = 0; c < s->nchunks; c++)
+        free(s->chunk_mem[c]);
+    free(s->chunk_mem);
+    if (s->L)
+        for (int i = 0; i < s->hp->n_layers; i++)
+            free(s->L[i].kv);
+    free(s->chunk_off);
     free(s->log);
     free(s->lg);
     arena_free(&s->ar);
@@ -100,17 +152,18 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
     s->m = m;
     s->hp = hp;
     s->o = *o;
+    if (hp->ctx_len > 0 && s->o.context > hp->ctx_len)
+        s->o.context = hp->ctx_len; /* the model's own limit */
     if (s->o.max_pass > s->o.context)
         s->o.max_pass = s->o.context;
     if (s->o.max_logits > s->o.max_pass)
         s->o.max_logits = s->o.max_pass;
     if (s->o.max_commit > s->o.max_pass)
         s->o.max_commit = s->o.max_pass;
-    size_t cache = 0, cap = (size_t)s->o.context;
     s->L = calloc((size_t)hp->n_layers, sizeof *s->L);
     s->rec_off = calloc((size_t)hp->n_layers, sizeof *s->rec_off);
-    s->hist = malloc(sizeof *s->hist * cap);
-    if (!s->L || !s->rec_off || !s->hist) {
+    s->chunk_off = calloc((size_t)hp->n_layers, sizeof *s->chunk_off);
+    if (!s->L || !s->rec_off || !s->chunk_off) {
         errbuf_set(err, "session: out of memory");
         goto out;
     }
@@ -120,33 +173,26 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
             s->rec_floats += kda_floats(hp);
             s->n_kda++;
         } else {
-            cache += cache_width(hp, hp->attn_kind[i]) * cap;
+            s->chunk_off[i] = s->chunk_floats;
+            s->chunk_floats += cache_width(hp, hp->attn_kind[i]) * BLK_KV_CHUNK;
         }
     }
     s->log_floats = s->n_kda ? blk_kda_log_floats(hp) : 0;
     size_t logn = (size_t)s->n_kda * (size_t)s->o.max_commit * s->log_floats;
     s->rec[0] = alloc_floats(s->rec_floats);
     s->rec[1] = alloc_floats(s->rec_floats);
-    s->cache = alloc_floats(cache);
     s->log = alloc_floats(logn);
     s->lg = alloc_floats((size_t)s->o.max_logits * hp->vocab);
-    if (!s->rec[0] || !s->rec[1] || !s->cache || !s->log || !s->lg) {
-        errbuf_set(err, "session: out of memory for the state of %d positions (%zu MiB)", s->o.context,
-                   ((2 * s->rec_floats + cache + logn) * 4) >> 20);
+    if (!s->rec[0] || !s->rec[1] || !s->log || !s->lg) {
+        errbuf_set(err, "session: out of memory for its state (%zu MiB)", ((2 * s->rec_floats + logn) * 4) >> 20);
         goto out;
     }
     s->st.log_bytes = logn * sizeof(float);
-    float *cp = s->cache;
-    for (int i = 0; i < hp->n_layers; i++)
-        if (hp->attn_kind[i] != ATTN_KDA) {
-            s->L[i].kv = cp;
-            cp += cache_width(hp, hp->attn_kind[i]) * cap;
-        }
     if (arena_init(&s->ar, pass_floats(m, s->o.max_pass) * sizeof(float)) != 0) {
         errbuf_set(err, "session: out of memory for pass scratch (%d tokens)", s->o.max_pass);
         goto out;
     }
-    if (pool_reserve(e->pool, pass_thread_floats(m, s->o.context) * sizeof(float), err) != 0)
+    if (grow(s, BLK_KV_CHUNK < s->o.context ? BLK_KV_CHUNK : s->o.context, err) != 0)
         goto out;
     memset(s->rec[0], 0, s->rec_floats * sizeof(float));
     s->lg_pos = -1;
@@ -203,7 +249,10 @@ static int run_tokens(session *s, const int32_t *tokens, int T, int n_logits, co
     if (n_logits < 0 || n_logits > T || n_logits > s->o.max_logits)
         return errbuf_set(err, "session: logits for %d of %d positions (at most %d)", n_logits, T, s->o.max_logits);
     if (s->n + T > s->o.context)
-        return errbuf_set(err, "context full: %d + %d tokens exceed %d positions", s->n, T, s->o.context);
+        return errbuf_set(err, "context full at position %d: the session holds %d positions%s", s->o.context,
+                          s->o.context, s->o.context == s->hp->ctx_len ? " (the model's max_position_embeddings)" : "");
+    if (s->n + T > s->cap && grow(s, s->n + T, err) != 0)
+        return -1;
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->vocab)
             return errbuf_set(err, "token id %d at position %d is outside the vocabulary (0..%d)", tokens[t],
@@ -393,7 +442,8 @@ int session_sync(session *s, const int32_t *ids, int n, errbuf *err)
         goto out;
     }
     if (n > s->o.context) {
-        rc = errbuf_set(err, "context full: %d tokens exceed %d positions", n, s->o.context);
+        rc = errbuf_set(err, "context full: %d tokens exceed the session's %d positions%s", n, s->o.context,
+                        s->o.context == s->hp->ctx_len ? " (the model's max_position_embeddings)" : "");
         goto out;
     }
     s->st.syncs++;

@@ -40,9 +40,18 @@ typedef struct layer_state {
     float *log;        /* KDA: [T][blk_kda_log_floats] the pass's recurrence inputs (raw q, k, v
                           projections, forget-gate input f, beta logits), for blk_kda_replay; NULL:
                           not logged */
-    float *kv;         /* MLA: [cap][kv_lora + qk_rope] (normed latent, key rope part)
-                          GQA: [cap][2][n_kv_heads * head_dim] (k after norm and rope, v) */
+    float **kv;        /* MLA: rows of kv_lora + qk_rope (normed latent, key rope part)
+                          GQA: rows of [2][n_kv_heads * head_dim] (k after norm and rope, v)
+                          one row per position, in chunks of BLK_KV_CHUNK rows: blk_kv_row */
 } layer_state;
+
+/* Positions per attention-cache chunk: a session's caches grow a chunk at a time, so its memory
+ * follows the positions it holds, never its context ceiling. */
+enum { BLK_KV_CHUNK = 256 };
+static inline float *blk_kv_row(const layer_state *st, int pos, size_t width)
+{
+    return st->kv[pos / BLK_KV_CHUNK] + (size_t)(pos % BLK_KV_CHUNK) * width;
+}
 
 /* Where a pass's weights come from when they do not all sit in RAM (the weight store implements
  * this). NULL in blk means the model's own views: everything resident.

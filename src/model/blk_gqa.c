@@ -8,7 +8,7 @@
 struct gqa_job {
     const blk *b;
     const float *q;   /* [T][nh][hd] */
-    const float *kv;  /* cache [cap][2][nkv][hd] */
+    const layer_state *st; /* the cache: rows of [2][nkv][hd] */
     float *o;         /* [T][nh][hd] */
     int T, pos0;
 };
@@ -27,7 +27,7 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
             int n = j->pos0 + t + 1;
             float mx = -INFINITY, sum = 0.0f;
             for (int s = 0; s < n; s++) {
-                sc[s] = j->b->k->dot(qh, j->kv + (size_t)s * W + (size_t)kvh * hd, hd) * hp->attn_scale;
+                sc[s] = j->b->k->dot(qh, blk_kv_row(j->st, s, W) + (size_t)kvh * hd, hd) * hp->attn_scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             j->b->k->exp_sub(sc, n, mx);
@@ -37,7 +37,7 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
             for (int i = 0; i < hd; i++)
                 oh[i] = 0.0f;
             for (int s = 0; s < n; s++)
-                j->b->k->axpy(oh, j->kv + (size_t)s * W + (size_t)(nkv + kvh) * hd, sc[s] / sum, hd);
+                j->b->k->axpy(oh, blk_kv_row(j->st, s, W) + (size_t)(nkv + kvh) * hd, sc[s] / sum, hd);
         }
     }
 }
@@ -63,7 +63,7 @@ int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float
         blk_rope_table(hp, pos0 + t, cs);
         for (int h = 0; h < nh; h++)
             blk_rope_apply(hp, q + ((size_t)t * nh + h) * hd, cs);
-        float *row = st->kv + (size_t)(pos0 + t) * W;
+        float *row = blk_kv_row(st, pos0 + t, W);
         for (int h = 0; h < nkv; h++) {
             float *kh = k + ((size_t)t * nkv + h) * hd;
             blk_rope_apply(hp, kh, cs);
@@ -71,7 +71,7 @@ int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float
             memcpy(row + (size_t)(nkv + h) * hd, v + ((size_t)t * nkv + h) * hd, sizeof(float) * (size_t)hd);
         }
     }
-    struct gqa_job j = {b, q, st->kv, o, T, pos0};
+    struct gqa_job j = {b, q, st, o, T, pos0};
     pool_for(b->pool, nh, gqa_heads, &j);
     blk_matmul(b, &w->o, o, T, out);
     return 0;

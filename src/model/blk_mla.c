@@ -18,7 +18,7 @@ struct mla_job {
     const blk *b;
     const mla_w *w;
     const float *q;   /* [T][nh][nope + rope] */
-    const float *kv;  /* cache [cap][kv_lora + rope] */
+    const layer_state *st; /* the cache: rows of kv_lora + rope */
     float *o;         /* [T][nh][v] */
     int T, pos0;
 };
@@ -47,7 +47,7 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
             int n = j->pos0 + t + 1;
             float mx = -INFINITY, sum = 0.0f;
             for (int s = 0; s < n; s++) {
-                const float *cs = j->kv + (size_t)s * W;
+                const float *cs = blk_kv_row(j->st, s, (size_t)W);
                 float v = k->dot(qa, cs, r);
                 if (rope)
                     v += k->dot(qh + nope, cs + r, rope);
@@ -60,7 +60,7 @@ static void mla_heads(void *ctx, int h0, int h1, int tid)
             for (int i = 0; i < r; i++)
                 ol[i] = 0.0f;
             for (int s = 0; s < n; s++)
-                k->axpy(ol, j->kv + (size_t)s * W, sc[s] / sum, r);
+                k->axpy(ol, blk_kv_row(j->st, s, (size_t)W), sc[s] / sum, r);
             float *oh = j->o + ((size_t)t * hp->n_heads + h) * vd;
             for (int e = 0; e < vd; e++)
                 oh[e] = k->dot(wv + (size_t)e * r, ol, r);
@@ -97,9 +97,9 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
             for (int h = 0; h < nh; h++)
                 blk_rope_apply(hp, q + ((size_t)t * nh + h) * qd + hp->qk_nope, cs);
         }
-        memcpy(st->kv + (size_t)(pos0 + t) * W, row, sizeof(float) * (size_t)W);
+        memcpy(blk_kv_row(st, pos0 + t, (size_t)W), row, sizeof(float) * (size_t)W);
     }
-    struct mla_job j = {b, w, q, st->kv, o, T, pos0};
+    struct mla_job j = {b, w, q, st, o, T, pos0};
     pool_for(b->pool, nh, mla_heads, &j);
     if (hp->mla_out_gate) {
         float *g = blk_alloc(b, (size_t)T * ov);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/dtype.h"
@@ -52,8 +53,13 @@ int cfg_dim(const json_t *c, const char *where, int *out, errbuf *err, ...)
     va_end(ap);
     if (!v)
         return errbuf_set(err, "%s: missing field '%s'", where, key);
-    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 28))
-        return errbuf_set(err, "%s: field '%s' must be a positive integer", where, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 28)) {
+        char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        int rc = errbuf_set(err, "%s: field '%s' must be an integer in 1..%d, got %.40s", where, key, 1 << 28,
+                            got ? got : "?");
+        free(got);
+        return rc;
+    }
     *out = (int)json_integer_value(v);
     return 0;
 }
@@ -208,6 +214,25 @@ int cfg_rope(const json_t *c, const char *where, hparams *hp, double *mscale2, e
         *mscale2 = ms * ms;
     }
     round_table(c, hp);
+    return 0;
+}
+
+int cfg_common(hparams *hp, const json_t *c, const char *where, errbuf *err)
+{
+    hp->bos_id = -1;
+    const json_t *ctx = json_object_get(c, "max_position_embeddings");
+    if (ctx && !json_is_null(ctx) && cfg_dim(c, where, &hp->ctx_len, err, "max_position_embeddings", NULL))
+        return -1;
+    const json_t *bos = json_object_get(c, "bos_token_id");
+    if (json_is_integer(bos)) {
+        if (json_integer_value(bos) < 0 || json_integer_value(bos) > INT32_MAX)
+            return errbuf_set(err, "%s: bos_token_id %lld is not a token id", where, (long long)json_integer_value(bos));
+        hp->bos_id = (int)json_integer_value(bos);
+    } else if (bos && !json_is_null(bos)) {
+        return errbuf_set(err, "%s: field 'bos_token_id' must be an integer or null", where);
+    }
+    if (!(hp->routed_scale > 0.0f && hp->routed_scale <= 1000.0f))
+        return errbuf_set(err, "%s: routed_scaling_factor %g is out of range (0, 1000]", where, (double)hp->routed_scale);
     return 0;
 }
 

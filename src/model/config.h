@@ -24,6 +24,10 @@ int cfg_dim(const json_t *c, const char *where, int *out, errbuf *err, ...);
  * (mscale_all_dim)^2 used by MLA (1 when not YaRN). */
 int cfg_rope(const json_t *c, const char *where, hparams *hp, double *mscale2, errbuf *err);
 
+/* Fields every family shares, read after its adapter: max_position_embeddings (ctx_len, a
+ * positive integer when given) and bos_token_id. */
+int cfg_common(hparams *hp, const json_t *c, const char *where, errbuf *err);
+
 /* Checks common invariants after a family filled hp (sizes positive, layers within limits). */
 int cfg_validate(const hparams *hp, const char *where, errbuf *err);
 

@@ -53,7 +53,7 @@ static int deepseek_config(hparams *hp, const void *jc, const char *where, errbu
         return -1;
     hp->attn_scale = (float)(1.0 / sqrt((double)(hp->qk_nope + hp->qk_rope)) * mscale2);
     if (freq < 1)
-        freq = 1;
+        return errbuf_set(err, "%s: moe_layer_freq %d must be at least 1", where, freq);
     if (hp->n_layers > MODEL_MAX_LAYERS)
         return errbuf_set(err, "%s: num_hidden_layers %d exceeds %d", where, hp->n_layers, MODEL_MAX_LAYERS);
     for (int i = 0; i < hp->n_layers; i++) {

@@ -70,7 +70,10 @@ static int kimi_config(hparams *hp, const void *jc, const char *where, errbuf *e
             hp->attn_kind[i] = in_list(kl, i + 1) ? ATTN_KDA : ATTN_MLA; /* 1-based list */
         } else if (json_is_array(lt) && json_array_size(lt) == (size_t)hp->n_layers) {
             const char *s = json_string_value(json_array_get(lt, (size_t)i));
-            hp->attn_kind[i] = s && strcmp(s, "linear_attention") == 0 ? ATTN_KDA : ATTN_MLA;
+            if (!s || (strcmp(s, "linear_attention") && strcmp(s, "full_attention")))
+                return errbuf_set(err, "%s: layer_types[%d] is not \"linear_attention\" or \"full_attention\"", where,
+                                  i);
+            hp->attn_kind[i] = strcmp(s, "linear_attention") == 0 ? ATTN_KDA : ATTN_MLA;
         } else {
             return errbuf_set(err, "%s: missing field 'kda_layers' (or layer_types)", lwhere);
         }
@@ -112,13 +115,15 @@ static int kimi_config(hparams *hp, const void *jc, const char *where, errbuf *e
     hp->router = ROUTER_SIGMOID;
     hp->shared_inter = hp->n_shared * hp->moe_inter;
     if (freq < 1)
-        freq = 1;
+        return errbuf_set(err, "%s: moe_layer_freq %d must be at least 1", where, freq);
     const json_t *mt = json_object_get(c, "mlp_layer_types");
     for (int i = 0; i < hp->n_layers; i++) {
         int moe = hp->n_experts > 0 && i >= first_dense && i % freq == 0;
         if (json_is_array(mt) && json_array_size(mt) == (size_t)hp->n_layers) {
             const char *s = json_string_value(json_array_get(mt, (size_t)i));
-            moe = s && strcmp(s, "sparse") == 0;
+            if (!s || (strcmp(s, "sparse") && strcmp(s, "dense")))
+                return errbuf_set(err, "%s: mlp_layer_types[%d] is not \"sparse\" or \"dense\"", where, i);
+            moe = strcmp(s, "sparse") == 0;
         }
         hp->ffn_kind[i] = moe ? FFN_MOE : FFN_DENSE;
         if (!moe && hp->dense_inter <= 0)

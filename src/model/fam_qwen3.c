@@ -28,7 +28,9 @@ static int qwen3_config(hparams *hp, const void *jc, const char *where, errbuf *
         return -1;
     if (sliding)
         return errbuf_set(err, "%s: use_sliding_window=true is not supported", where);
-    if (hp->n_kv_heads <= 0 || hp->n_heads % hp->n_kv_heads || hp->head_dim <= 0)
+    if (hp->head_dim <= 0)
+        return errbuf_set(err, "%s: head_dim %d must be a positive integer", where, hp->head_dim);
+    if (hp->n_kv_heads <= 0 || hp->n_heads % hp->n_kv_heads)
         return errbuf_set(err, "%s: %d attention heads do not split into %d key/value heads", where, hp->n_heads,
                           hp->n_kv_heads);
     hp->act = ACT_SILU;
@@ -45,7 +47,7 @@ static int qwen3_config(hparams *hp, const void *jc, const char *where, errbuf *
         return errbuf_set(err, "%s: num_hidden_layers %d exceeds %d", where, hp->n_layers, MODEL_MAX_LAYERS);
     const json_t *only = json_object_get(c, "mlp_only_layers");
     if (sparse_step < 1)
-        sparse_step = 1;
+        return errbuf_set(err, "%s: decoder_sparse_step %d must be at least 1", where, sparse_step);
     for (int i = 0; i < hp->n_layers; i++) {
         int dense_only = 0;
         for (size_t j = 0; json_is_array(only) && j < json_array_size(only); j++)

@@ -2,6 +2,8 @@
 #include "model/model.h"
 
 #include <assert.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 
 #include "base/file.h"
 #include "base/jsonr.h"
+#include "model/config.h"
 
 static const family *const families[] = {&fam_kimi, &fam_deepseek, &fam_qwen3};
 
@@ -243,6 +246,19 @@ int model_vec(model *m, float **out, int n, int prefix_ok, errbuf *err, const ch
     return 0;
 }
 
+/* The special ids a config names must be ids of the model. */
+static int check_ids(const hparams *hp, const char *where, errbuf *err)
+{
+    for (int j = 0; j < hp->n_eos; j++)
+        if (hp->eos_ids[j] < 0 || hp->eos_ids[j] >= hp->vocab)
+            return errbuf_set(err, "%s: eos_token_id %d is outside the vocabulary (0..%d)", where, hp->eos_ids[j],
+                              hp->vocab - 1);
+    if (hp->bos_id >= hp->vocab)
+        return errbuf_set(err, "%s: bos_token_id %d is outside the vocabulary (0..%d)", where, hp->bos_id,
+                          hp->vocab - 1);
+    return 0;
+}
+
 /* eos ids from a config object ("eos_token_id": int or list), appended without duplicates */
 static void add_eos(hparams *hp, const json_t *cfg)
 {
@@ -257,11 +273,12 @@ static void add_eos(hparams *hp, const json_t *cfg)
     for (int i = 0; i < n; i++) {
         if (!json_is_integer(items[i]))
             continue;
-        int id = (int)json_integer_value(items[i]), dup = 0;
+        json_int_t v = json_integer_value(items[i]);
+        int id = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v, dup = 0;
         for (int j = 0; j < hp->n_eos; j++)
             dup |= hp->eos_ids[j] == id;
-        if (!dup && hp->n_eos < MODEL_MAX_EOS && id >= 0)
-            hp->eos_ids[hp->n_eos++] = id;
+        if (!dup && hp->n_eos < MODEL_MAX_EOS)
+            hp->eos_ids[hp->n_eos++] = id; /* check_ids refuses one outside the vocabulary */
     }
 }
 
@@ -291,10 +308,12 @@ int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err)
     snprintf(twhere, sizeof twhere, "%s%s", where, text != cfg ? " text_config" : "");
     if (fam->config(hp, text, twhere, err) != 0)
         return -1;
+    if (cfg_common(hp, text, twhere, err) != 0)
+        return -1;
     add_eos(hp, text);
     if (text != cfg)
         add_eos(hp, cfg);
-    return 0;
+    return check_ids(hp, where, err);
 }
 
 int model_load(model *m, const char *dir, errbuf *err) { return model_load_set(m, dir, NULL, err); }
@@ -330,6 +349,8 @@ int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err)
         if (!(gen = jsonr_load_file(path, err)))
             goto out;
         add_eos(&m->hp, gen);
+        if (check_ids(&m->hp, path, err) != 0)
+            goto out;
     }
     if (!tensors && st_open_dir(&m->st, dir, err) != 0)
         goto out;
@@ -382,4 +403,84 @@ void model_free(model *m)
     free(m->L);
     st_close(&m->st);
     memset(m, 0, sizeof *m);
+}
+
+/* the binding whose bytes hold address p: its tensor name and where in it */
+static const model_bind *bind_at(const model *m, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < m->n_bind; i++) {
+        const model_bind *b = &m->bind[i];
+        uintptr_t lo = (uintptr_t)m->st.t[b->tensor].data + b->off;
+        if (a >= lo && a - lo < b->len)
+            return b;
+    }
+    return NULL;
+}
+
+static int scan_mat(const model *m, const kmat *w, float *row, errbuf *err)
+{
+    if (!w->data)
+        return 0;
+    for (int r = 0; r < w->rows; r++) {
+        wfmt_table[w->fmt].decode(w, r, 0, w->cols, row);
+        for (int c = 0; c < w->cols; c++)
+            if (!isfinite(row[c])) {
+                const model_bind *b = bind_at(m, w->data);
+                const char *name = b ? m->st.t[b->tensor].name : "?";
+                if (b && b->part == MODEL_PART_EXPERT && b->len != m->st.t[b->tensor].end - m->st.t[b->tensor].begin)
+                    return errbuf_set(err, "%s: tensor '%s' (expert %d) row %d column %d is %s", m->dir, name,
+                                      b->expert, r, c, isnan(row[c]) ? "NaN" : "infinite");
+                return errbuf_set(err, "%s: tensor '%s' row %d column %d is %s", m->dir, name, r, c,
+                                  isnan(row[c]) ? "NaN" : "infinite");
+            }
+    }
+    return 0;
+}
+
+int model_scan_finite(const model *m, errbuf *err)
+{
+    float *row = malloc(sizeof(float) * (m->max_cols + 1));
+    if (!row)
+        return errbuf_set(err, "%s: out of memory", m->dir);
+    int rc = scan_mat(m, &m->embed, row, err) || scan_mat(m, &m->lm_head, row, err) ? -1 : 0;
+    for (int l = 0; l < m->hp.n_layers && rc == 0; l++) {
+        layer_w L = m->L[l];
+        kmat *mats[MODEL_LAYER_MATS];
+        int n = model_layer_mats(&L, mats);
+        for (int k = 0; k < n && rc == 0; k++)
+            rc = scan_mat(m, mats[k], row, err);
+        for (int e = 0; m->hp.ffn_kind[l] == FFN_MOE && m->L[l].moe.experts && e < m->hp.n_experts && rc == 0; e++) {
+            const mlp_w *x = &m->L[l].moe.experts[e];
+            rc = scan_mat(m, &x->gate, row, err) || scan_mat(m, &x->up, row, err) || scan_mat(m, &x->down, row, err)
+                     ? -1
+                     : 0;
+        }
+    }
+    /* vectors (norms, biases, gate constants) were converted to float at load: their tensors */
+    for (int i = 0; i < m->n_bind && rc == 0; i++) {
+        const st_tensor *t = &m->st.t[m->bind[i].tensor];
+        if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+            continue;
+        int es = st_dtype_size(t->dtype), cols = t->ndim ? (int)t->shape[t->ndim - 1] : 1;
+        uint64_t n = m->bind[i].len / (uint64_t)es;
+        const uint8_t *p = t->data + m->bind[i].off;
+        for (uint64_t j = 0; j < n; j++) {
+            float v;
+            if (t->dtype == ST_F32)
+                memcpy(&v, p + 4 * j, 4);
+            else if (t->dtype == ST_BF16)
+                v = bf16_to_f32((uint16_t)(p[2 * j] | (p[2 * j + 1] << 8)));
+            else
+                v = f16_to_f32((uint16_t)(p[2 * j] | (p[2 * j + 1] << 8)));
+            if (!isfinite(v)) {
+                rc = errbuf_set(err, "%s: tensor '%s' row %llu column %llu is %s", m->dir, t->name,
+                                (unsigned long long)(j / (uint64_t)(cols > 0 ? cols : 1)),
+                                (unsigned long long)(j % (uint64_t)(cols > 0 ? cols : 1)), isnan(v) ? "NaN" : "infinite");
+                break;
+            }
+        }
+    }
+    free(row);
+    return rc;
 }

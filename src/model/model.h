@@ -35,7 +35,8 @@ typedef struct hparams {
     int n_layers, hidden, vocab;
     float rms_eps;
     int tie_embeddings;
-    int bos_id;
+    int ctx_len;            /* max_position_embeddings: the longest sequence (0: not given) */
+    int bos_id;             /* -1: none */
     int eos_ids[MODEL_MAX_EOS], n_eos;
 
     /* softmax attention: MLA (n_heads, q_lora_rank 0 = direct q_proj, kv_lora_rank, qk_nope,
@@ -169,6 +170,9 @@ int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err);
 /* Only the config: fills hp from a parsed config.json (`where` names it in errors). */
 int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err);
 void model_free(model *m);
+/* Decodes every weight the model bound and checks that it is finite: -1 naming the first tensor,
+ * row and column that is not (NaN or infinite). Reads the whole checkpoint (doctor --model). */
+int model_scan_finite(const model *m, errbuf *err);
 
 /* Helpers for family adapters (model.c). Names are full tensor names without the ".weight"
  * suffix for matrices. Every tensor they bind is recorded (model.bind) with the scope set by

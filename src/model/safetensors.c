@@ -176,10 +176,18 @@ int st_parse(const uint8_t *buf, size_t size, const char *path, int file, st_ten
         for (int i = 0; i < cnt; i++)
             order[i] = &t[first + i];
         qsort(order, (size_t)cnt, sizeof *order, cmp_begin);
-        for (int i = 1; i < cnt && rc == 0; i++)
-            if (order[i]->begin < order[i - 1]->end && order[i]->end > order[i]->begin)
-                rc = errbuf_set(err, "%s: tensors '%s' and '%s' overlap in the data area", path, order[i - 1]->name,
+        /* in begin order, each non-empty range must start at or after the furthest end of those
+         * before it (an empty tensor between two others hides nothing) */
+        const st_tensor *reach = NULL; /* the non-empty range reaching furthest so far */
+        for (int i = 0; i < cnt && rc == 0; i++) {
+            if (order[i]->end == order[i]->begin)
+                continue;
+            if (reach && order[i]->begin < reach->end)
+                rc = errbuf_set(err, "%s: tensors '%s' and '%s' overlap in the data area", path, reach->name,
                                 order[i]->name);
+            if (!reach || order[i]->end > reach->end)
+                reach = order[i];
+        }
         free(order);
     }
     return rc;

@@ -1,6 +1,8 @@
 /* st_write.c — see st_write.h. */
 #include "model/st_write.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -42,27 +44,18 @@ int st_write_file(const char *path, const st_wtensor *t, int n, st_fill_fn fill,
     if (!hdr)
         return errbuf_set(err, "%s: cannot encode the header", path);
     size_t hl = strlen(hdr), padded = (hl + 7) / 8 * 8; /* data starts 8-byte aligned */
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
+    file_out o;
     uint8_t *buf = NULL;
-    int rc = -1;
-    if (!f) {
-        errbuf_errno(err, tmp);
+    int rc = -1, opened = 0;
+    if (file_out_open(&o, path, err) != 0)
         goto out;
-    }
+    opened = 1;
     uint8_t len[8];
     for (int i = 0; i < 8; i++)
         len[i] = (uint8_t)(padded >> (8 * i));
-    if (fwrite(len, 1, 8, f) != 8 || fwrite(hdr, 1, hl, f) != hl) {
-        errbuf_errno(err, tmp);
+    if (file_out_write(&o, len, 8, err) || file_out_write(&o, hdr, hl, err) ||
+        file_out_write(&o, "        ", padded - hl, err))
         goto out;
-    }
-    for (size_t i = hl; i < padded; i++)
-        if (fputc(' ', f) == EOF) {
-            errbuf_errno(err, tmp);
-            goto out;
-        }
     buf = malloc(maxb ? maxb : 1);
     if (!buf) {
         errbuf_set(err, "%s: out of memory", path);
@@ -70,25 +63,14 @@ int st_write_file(const char *path, const st_wtensor *t, int n, st_fill_fn fill,
     }
     for (int i = 0; i < n; i++) {
         uint64_t b = st_wtensor_bytes(&t[i]);
-        if (fill(ud, i, buf, b, err) != 0)
+        if (fill(ud, i, buf, b, err) != 0 || file_out_write(&o, buf, b, err) != 0)
             goto out;
-        if (fwrite(buf, 1, b, f) != b) {
-            errbuf_errno(err, tmp);
-            goto out;
-        }
     }
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        errbuf_errno(err, tmp);
-        goto out;
-    }
-    rc = 0;
+    rc = file_out_commit(&o, err);
+    opened = 0;
 out:
-    if (f && fclose(f) != 0 && rc == 0)
-        rc = errbuf_errno(err, tmp);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = errbuf_errno(err, path);
-    if (rc != 0)
-        unlink(tmp);
+    if (opened)
+        file_out_abort(&o);
     free(buf);
     free(hdr);
     return rc;

@@ -47,6 +47,9 @@ typedef struct blob {
     int ncopies;        /* DFSP copies (0 for a Hugging Face source: read part by part) */
     blob_copy copy[STORE_MAX_COPIES];
     uint64_t xxh3;      /* of the image (DFSP) */
+    int mapped;         /* DFSP: the copy the model's tensors map (its pack was there) */
+    uint8_t dead;       /* DFSP: bit c: copy c's pack is missing or truncated: never read */
+    int man_index;      /* DFSP: the blob's index in the manifest */
     /* expert blobs: offsets of the matrices inside the image, for gate, up, down */
     uint64_t mat_data[3], mat_scale[3];
 } blob;

@@ -109,7 +109,8 @@ uint64_t store_physical_ram(void)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-/* every copy of blob b has failed a read or its checksum */
+/* every copy of blob b has failed a read or its checksum, or sits on a pack that is missing
+ * (bad_copy starts with the dead copies set: issue() still never reads those) */
 static int all_copies_bad(const store *s, int b)
 {
     return s->bad_copy[b] == (uint8_t)((1u << s->bt.b[b].ncopies) - 1);
@@ -231,6 +232,8 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
         int best = -1, all_bad = all_copies_bad(s, b);
         double bt = 0;
         for (int c = 0; c < x->ncopies; c++) {
+            if (x->dead >> c & 1)
+                continue; /* its pack is missing or truncated (dfsp_open left a live copy) */
             if (!all_bad && (s->bad_copy[b] >> c & 1))
                 continue; /* it failed before: another copy while there is one */
             int d = s->pack_drive[x->copy[c].file];
@@ -817,8 +820,10 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         }
     for (int k = 0; k < s->ns; k++)
         s->spine_bound[k] = -1;
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
         s->blob_slot[b] = -1;
+        s->bad_copy[b] = s->bt.b[b].dead; /* copies on packs that are not there are never read */
+    }
     for (int k = 0; k < s->nslots; k++)
         s->sl[k].blob = -1;
     heat_load(s);
@@ -865,6 +870,10 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         int drive = s->dfsp ? info->pack_drive[i] : 0;
         snprintf(s->file_path[i], sizeof s->file_path[i], "%s", p);
         s->pack_drive[i < STORE_MAX_PACKS ? i : 0] = drive;
+        if (s->dfsp && !info->pack_ok[i]) { /* missing: its copies are dead (bad_copy) */
+            s->file_id[i] = -1;
+            continue;
+        }
         if ((s->file_id[i] = io_open(s->io, p, drive, s->dfsp, err)) < 0) {
             store_free(s);
             return -1;
@@ -930,6 +939,14 @@ void store_stats_reset(store *s)
     io_stats_reset(s->io);
 }
 
+int store_is_mapped(const store *s, int b)
+{
+    const blob *x = &s->bt.b[b];
+    if (x->kind == BLOB_GLOBAL)
+        return 1;
+    return x->kind == BLOB_SPINE && !s->plan.streamed[x->layer];
+}
+
 int store_verify_all(store *s, errbuf *err)
 {
     /* every copy of every blob, read through slot k in slot-sized pieces (spine blobs can be
@@ -947,6 +964,13 @@ int store_verify_all(store *s, errbuf *err)
     for (int b = 0; b < s->bt.n; b++) {
         const blob *x = &s->bt.b[b];
         for (int c = 0; c < x->ncopies; c++) {
+            if (x->dead >> c & 1) {
+                char nm[64];
+                blob_name(x, nm, sizeof nm);
+                errbuf_set(err, "blob '%s' copy %d cannot be read: its pack %s is missing or truncated", nm, c,
+                           s->file_path[x->copy[c].file]);
+                goto out;
+            }
             XXH3_64bits_reset(h);
             for (uint64_t off = 0; off < x->size; off += s->slot_bytes) {
                 uint64_t len = x->size - off < s->slot_bytes ? x->size - off : s->slot_bytes;

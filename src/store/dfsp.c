@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -185,11 +186,19 @@ int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *m, 
     for (int i = 0; i < m->npacks; i++) {
         const json_t *pk = json_array_get(packs, (size_t)i);
         const char *pp = json_string_value(json_object_get(pk, "path"));
+        const char *rel = json_string_value(json_object_get(pk, "rel"));
         int64_t d = uint_at(json_object_get(pk, "drive"), m->ndrives - 1);
         int64_t size = uint_at(json_object_get(pk, "size"), (int64_t)1 << MAX_SIZE_BITS);
         if (!pp || !pp[0] || strlen(pp) >= sizeof m->pack_path[i] || d < 0 || size < 0)
             return errbuf_set(err, "%s: pack %d needs path, drive (0..%d) and size", where, i, m->ndrives - 1);
+        if (rel && (!rel[0] || strlen(rel) >= sizeof m->pack_rel[i]))
+            return errbuf_set(err, "%s: pack %d: \"rel\" must be a non-empty path", where, i);
+        const char *base = strrchr(pp, '/') ? strrchr(pp, '/') + 1 : pp;
+        if (!base[0] || strlen(base) >= sizeof m->pack_file[i])
+            return errbuf_set(err, "%s: pack %d: path '%s' names no file", where, i, pp);
         snprintf(m->pack_path[i], sizeof m->pack_path[i], "%s", pp);
+        snprintf(m->pack_rel[i], sizeof m->pack_rel[i], "%s", rel ? rel : "");
+        snprintf(m->pack_file[i], sizeof m->pack_file[i], "%s", base);
         m->pack_drive[i] = (int)d;
         m->pack_size[i] = (uint64_t)size;
     }
@@ -227,7 +236,8 @@ typedef struct plan {
     int ndrives, mirrors;
     int spine_int8;
     char drive[STORE_MAX_PACKS][1024];
-    char pack[STORE_MAX_PACKS][1200];  /* pack file path */
+    char pack[STORE_MAX_PACKS][1200];  /* pack file path (absolute) */
+    char rel[STORE_MAX_PACKS][1200];   /* the same relative to the store folder */
     uint64_t size[STORE_MAX_PACKS];    /* planned pack size */
     int fd[STORE_MAX_PACKS];
 } plan;
@@ -253,8 +263,16 @@ static int plan_drives(plan *p, const char *store_dir, const dfsp_prepare_opts *
             if (strcmp(real[e], real[d]) == 0)
                 return errbuf_set(err, "prepare: drive folder '%s' is listed twice", dr);
         snprintf(p->drive[d], sizeof p->drive[d], "%s", dr);
-        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s%s.pack", dr, identity, p->spine_int8 ? "-int8" : "");
+        snprintf(p->pack[d], sizeof p->pack[d], "%s/dfsp-%.16s%s.pack", real[d], identity,
+                 p->spine_int8 ? "-int8" : "");
     }
+    /* the drives as mount points move: each pack is recorded absolute and relative to the store */
+    char store_real[PATH_MAX];
+    if (!realpath(store_dir, store_real))
+        return errbuf_errno(err, store_dir);
+    for (int d = 0; d < p->ndrives; d++)
+        if (file_relpath(store_real, p->pack[d], p->rel[d], sizeof p->rel[d]) != 0)
+            return errbuf_set(err, "prepare: the path of %s relative to %s is too long", p->pack[d], store_real);
     return 0;
 }
 
@@ -315,8 +333,8 @@ static json_t *manifest_json(const blob_table *t, const model *m, const plan *p,
 {
     json_t *packs = json_array(), *blobs = json_array();
     for (int d = 0; d < p->ndrives; d++)
-        json_array_append_new(packs, json_pack("{s:i, s:s, s:I}", "drive", d, "path", p->pack[d], "size",
-                                               (json_int_t)p->size[d]));
+        json_array_append_new(packs, json_pack("{s:i, s:s, s:s, s:I}", "drive", d, "path", p->pack[d], "rel",
+                                               p->rel[d], "size", (json_int_t)p->size[d]));
     for (int b = 0; b < t->n; b++) {
         const blob *x = &t->b[b];
         char h[17];
@@ -633,33 +651,102 @@ out:
 
 /* ---- open ---- */
 
-/* The tensors of every blob's first copy, mapped from the packs. */
-static int map_tensors(const dfsp_manifest *man, const dfsp_info *info, const char *where, st_set *set, errbuf *err)
+/* Where pack i is now: with --drives, its file in that drive's folder; otherwise where the manifest
+ * recorded it relative to the store, then its absolute path (a manifest from before "rel" kept
+ * one path, relative to the store or absolute). 1 with info->pack_path set to the path found, 0
+ * with `why` saying what was looked for and why none served. */
+static int find_pack(const dfsp_manifest *man, int i, const char *dir, char *const *drive_dir, int ndrive_dir,
+                     dfsp_info *info, char *why, size_t cap)
+{
+    char cand[3][2200];
+    int nc = 0;
+    if (ndrive_dir > 0) {
+        snprintf(cand[nc++], sizeof cand[0], "%s/%s", drive_dir[man->pack_drive[i]], man->pack_file[i]);
+    } else {
+        if (man->pack_rel[i][0])
+            snprintf(cand[nc++], sizeof cand[0], "%s/%s", dir, man->pack_rel[i]);
+        if (man->pack_path[i][0] == '/')
+            snprintf(cand[nc++], sizeof cand[0], "%s", man->pack_path[i]);
+        else
+            snprintf(cand[nc++], sizeof cand[0], "%s/%s", dir, man->pack_path[i]);
+    }
+    size_t n = (size_t)snprintf(why, cap, "drive %d: pack %s", man->pack_drive[i], man->pack_file[i]);
+    for (int k = 0; k < nc; k++) {
+        struct stat st;
+        const char *what = "missing";
+        if (stat(cand[k], &st) == 0) {
+            if ((uint64_t)st.st_size >= man->pack_size[i]) {
+                snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", cand[k]);
+                return 1;
+            }
+            what = "truncated";
+        }
+        if (n < cap)
+            n += (size_t)snprintf(why + n, cap - n, "%s %s is %s", k ? ";" : ":", cand[k], what);
+    }
+    if (n < cap && ndrive_dir == 0)
+        snprintf(why + n, cap - n, " (where are the drives now? give --drives)");
+    snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", cand[0]);
+    return 0;
+}
+
+/* The packs found (info->pack_ok) mapped, and every blob's tensors from one copy on a pack that is
+ * there (o->copy when it names one), into set; chosen[b] is that copy. */
+static int map_tensors(const dfsp_manifest *man, dfsp_info *info, const dfsp_open_opts *o, const char *dir,
+                       const char *where, st_set *set, int *chosen, errbuf *err)
 {
     memset(set, 0, sizeof *set);
     set->files = calloc((size_t)man->npacks, sizeof *set->files);
     set->t = calloc((size_t)man->nt + 1, sizeof *set->t);
     if (!set->files || !set->t)
         return errbuf_set(err, "%s: out of memory", where);
+    char buf[4096], *save = NULL, *drv[STORE_MAX_PACKS];
+    int ndrv = 0;
+    if (o && o->drives) {
+        snprintf(buf, sizeof buf, "%s", o->drives);
+        for (char *t = strtok_r(buf, ",", &save); t && ndrv < STORE_MAX_PACKS; t = strtok_r(NULL, ",", &save))
+            drv[ndrv++] = t;
+        if (ndrv != man->ndrives)
+            return errbuf_set(err, "--drives names %d folders, the store was prepared on %d", ndrv, man->ndrives);
+    }
+    char why[STORE_MAX_PACKS][1200];
+    size_t wn = 0;
     for (int i = 0; i < man->npacks; i++) {
-        set->files[i].path = strdup(info->pack_path[i]);
+        info->pack_ok[i] = find_pack(man, i, dir, drv, ndrv, info, why[i], sizeof why[i]);
         set->nfiles++;
-        if (!set->files[i].path || file_map_open(&set->files[i].map, info->pack_path[i], err) != 0)
+        if (!(set->files[i].path = strdup(info->pack_path[i])))
+            return errbuf_set(err, "%s: out of memory", where);
+        if (info->pack_ok[i] && file_map_open(&set->files[i].map, info->pack_path[i], err) != 0)
             return -1;
-        if (set->files[i].map.size < man->pack_size[i])
-            return errbuf_set(err, "%s: pack is truncated (%zu of %llu bytes)", info->pack_path[i],
-                              set->files[i].map.size, (unsigned long long)man->pack_size[i]);
+        if (!info->pack_ok[i] && wn < sizeof info->warning)
+            wn += (size_t)snprintf(info->warning + wn, sizeof info->warning - wn, "%s%s", wn ? "\n" : "", why[i]);
     }
     for (int b = 0; b < man->nb; b++) {
         const dfsp_blob *x = &man->b[b];
+        int c = o && o->copy && o->copy[b] >= 0 && o->copy[b] < x->ncopies ? o->copy[b] : -1;
+        if (c >= 0 && !info->pack_ok[x->copy[c].file])
+            c = -1;
+        for (int k = 0; k < x->ncopies && c < 0; k++)
+            if (info->pack_ok[x->copy[k].file])
+                c = k;
+        if (c < 0) { /* no copy of this blob can be read: name it and its packs */
+            char nm[64], packs[2400];
+            blob named = {.kind = x->kind, .layer = x->layer, .expert = x->expert};
+            blob_name(&named, nm, sizeof nm);
+            size_t pn = 0;
+            for (int k = 0; k < x->ncopies && pn < sizeof packs; k++)
+                pn += (size_t)snprintf(packs + pn, sizeof packs - pn, "%s%s", k ? "; " : "", why[x->copy[k].file]);
+            return errbuf_set(err, "%s: blob '%s' has no copy that can be read: %s", where, nm, packs);
+        }
+        chosen[b] = c;
         for (int i = 0; i < x->ntensors; i++) {
             const dfsp_tensor *d = &man->t[x->first_tensor + i];
             st_tensor *t = &set->t[set->n];
             t->dtype = d->dtype;
             t->ndim = d->ndim;
             memcpy(t->shape, d->shape, sizeof t->shape);
-            t->file = x->copy[0].file;
-            t->file_off = x->copy[0].off + d->off;
+            t->file = x->copy[c].file;
+            t->file_off = x->copy[c].off + d->off;
             t->begin = t->file_off;
             t->end = t->file_off + d->len;
             t->data = set->files[t->file].map.data + t->file_off;
@@ -673,7 +760,8 @@ static int map_tensors(const dfsp_manifest *man, const dfsp_info *info, const ch
 
 /* Copies and checksums onto the engine's blob table; every blob must be in the manifest, at the
  * layout this engine computes. */
-static int attach(const dfsp_manifest *man, const model *m, blob_table *bt, const char *where, errbuf *err)
+static int attach(const dfsp_manifest *man, const dfsp_info *info, const int *chosen, const model *m, blob_table *bt,
+                  const char *where, errbuf *err)
 {
     int *seen = calloc((size_t)bt->n + 1, sizeof(int));
     if (!seen)
@@ -699,13 +787,19 @@ static int attach(const dfsp_manifest *man, const model *m, blob_table *bt, cons
         blob *y = &bt->b[id];
         for (int k = 0; k < y->nparts && rc == 0; k++) {
             const blob_part *pt = &bt->part[y->first_part + k];
-            if (m->st.t[pt->tensor].file_off != x->copy[0].off + pt->off)
+            if (m->st.t[pt->tensor].file_off != x->copy[chosen[b]].off + pt->off)
                 rc = errbuf_set(err, "%s: blob %d: tensor '%s' is not at the offset this engine's layout expects",
                                 where, b, m->st.t[pt->tensor].name);
         }
         y->xxh3 = x->xxh3;
         y->ncopies = x->ncopies;
         memcpy(y->copy, x->copy, sizeof y->copy);
+        y->man_index = b;
+        y->mapped = chosen[b];
+        y->dead = 0;
+        for (int k = 0; k < x->ncopies; k++)
+            if (!info->pack_ok[x->copy[k].file])
+                y->dead |= (uint8_t)(1u << k);
     }
     for (int k = 0; k < bt->n && rc == 0; k++)
         if (!seen[k]) {
@@ -717,7 +811,7 @@ static int attach(const dfsp_manifest *man, const model *m, blob_table *bt, cons
     return rc;
 }
 
-int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf *err)
+int dfsp_open(const char *dir, const dfsp_open_opts *o, model *m, blob_table *bt, dfsp_info *info, errbuf *err)
 {
     char where[4200];
     snprintf(where, sizeof where, "%s/manifest.json", dir);
@@ -738,27 +832,100 @@ int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf
     info->npacks = man.npacks;
     info->ndrives = man.ndrives;
     info->mirrors = man.mirrors;
-    for (int i = 0; i < man.npacks; i++) {
-        if (man.pack_path[i][0] == '/')
-            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s", man.pack_path[i]);
-        else
-            snprintf(info->pack_path[i], sizeof info->pack_path[i], "%s/%s", dir, man.pack_path[i]);
+    for (int i = 0; i < man.npacks; i++)
         info->pack_drive[i] = man.pack_drive[i];
-    }
+    int *chosen = calloc((size_t)man.nb + 1, sizeof *chosen);
     rc = -1;
-    if (map_tensors(&man, info, where, &set, err) != 0) {
+    if (!chosen) {
+        errbuf_set(err, "%s: out of memory", where);
+        goto out;
+    }
+    if (map_tensors(&man, info, o, dir, where, &set, chosen, err) != 0) {
         st_close(&set);
         goto out;
     }
     if (model_load_set(m, dir, &set, err) != 0) /* takes the set, also on failure */
         goto out;
-    if (blob_table_build(bt, m, err) != 0 || attach(&man, m, bt, where, err) != 0) {
+    if (blob_table_build(bt, m, err) != 0 || attach(&man, info, chosen, m, bt, where, err) != 0) {
         blob_table_free(bt);
         model_free(m);
         goto out;
     }
     rc = 0;
 out:
+    free(chosen);
     dfsp_manifest_free(&man);
+    return rc;
+}
+
+/* ---- verifying what is served from the mapping ---- */
+
+struct verify_job {
+    const model *m;
+    const blob_table *bt;
+    const int *ids;    /* blob table ids */
+    const int *copy;   /* the copy of each to hash */
+    uint64_t *got;     /* its xxh3 */
+};
+
+static const uint8_t *copy_bytes(const model *m, const blob *x, int c)
+{
+    const file_map *fm = &m->st.files[x->copy[c].file].map;
+    return fm->data ? fm->data + x->copy[c].off : NULL;
+}
+
+static void verify_run(void *ctx, int i0, int i1, int tid)
+{
+    const struct verify_job *j = ctx;
+    (void)tid;
+    for (int i = i0; i < i1; i++) {
+        const blob *x = &j->bt->b[j->ids[i]];
+        const uint8_t *p = copy_bytes(j->m, x, j->copy[i]);
+        uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095; /* read ahead the whole image: one pass at drive speed */
+        madvise((void *)a, x->size + ((uintptr_t)p - a), MADV_WILLNEED);
+        j->got[i] = XXH3_64bits(p, x->size);
+    }
+}
+
+int dfsp_verify_mapped(const model *m, const blob_table *bt, const uint8_t *mapped, pool *p, signed char *better,
+                       errbuf *err)
+{
+    int n = 0, rc = 0;
+    int *ids = malloc(sizeof(int) * (size_t)(bt->n + 1)), *copy = malloc(sizeof(int) * (size_t)(bt->n + 1));
+    uint64_t *got = malloc(sizeof(uint64_t) * (size_t)(bt->n + 1));
+    if (!ids || !copy || !got) {
+        rc = errbuf_set(err, "%s: out of memory", m->dir);
+        goto out;
+    }
+    for (int b = 0; b < bt->n; b++)
+        if (mapped[b] && bt->b[b].ncopies > 0) {
+            ids[n] = b;
+            copy[n++] = bt->b[b].mapped;
+        }
+    struct verify_job j = {m, bt, ids, copy, got};
+    pool_for(p, n, verify_run, &j);
+    for (int i = 0; i < n && rc >= 0; i++) {
+        const blob *x = &bt->b[ids[i]];
+        if (got[i] == x->xxh3)
+            continue;
+        int good = -1; /* a mirror that matches, read once more here */
+        for (int c = 0; c < x->ncopies && good < 0; c++)
+            if (c != x->mapped && !(x->dead >> c & 1) && XXH3_64bits(copy_bytes(m, x, c), x->size) == x->xxh3)
+                good = c;
+        char nm[64];
+        blob_name(x, nm, sizeof nm);
+        if (good < 0) {
+            rc = errbuf_set(err, "blob '%s' in %s failed its checksum (xxh3 %016llx, manifest %016llx)%s", nm,
+                            m->st.files[x->copy[x->mapped].file].path, (unsigned long long)got[i],
+                            (unsigned long long)x->xxh3, x->ncopies > 1 ? ", and so did every other copy" : "");
+        } else {
+            better[x->man_index] = (signed char)good;
+            rc = 1;
+        }
+    }
+out:
+    free(ids);
+    free(copy);
+    free(got);
     return rc;
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/pool.h"
 #include "model/model.h"
 #include "store/blobs.h"
 #include "store/io.h"
@@ -74,7 +75,10 @@ typedef struct dfsp_manifest {
     char identity[65];
     int ndrives, mirrors, npacks;
     int spine_int8;           /* "spine": "int8" (absent: as released) */
-    char pack_path[STORE_MAX_PACKS][1024]; /* as written: absolute, or relative to the store */
+    char pack_path[STORE_MAX_PACKS][1024]; /* as written: absolute (relative to the store in a
+                                              manifest from before "rel") */
+    char pack_rel[STORE_MAX_PACKS][1024];  /* relative to the store folder ("" when not recorded) */
+    char pack_file[STORE_MAX_PACKS][256];  /* the pack's file name, looked for in --drives folders */
     int pack_drive[STORE_MAX_PACKS];
     uint64_t pack_size[STORE_MAX_PACKS];
     dfsp_blob *b;
@@ -86,19 +90,38 @@ typedef struct dfsp_manifest {
 int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *out, errbuf *err);
 void dfsp_manifest_free(dfsp_manifest *m);
 
-/* What a run needs to read an opened store: the packs (absolute paths) and their drives. */
+/* What a run needs to read an opened store: the packs (the paths found) and their drives. */
 typedef struct dfsp_info {
     int npacks;
     char pack_path[STORE_MAX_PACKS][1024];
     int pack_drive[STORE_MAX_PACKS];
+    int pack_ok[STORE_MAX_PACKS];  /* 0: missing or truncated: no copy on it is read */
     int ndrives, mirrors;
     int spine_int8;
     char identity[65];
+    char warning[2048];            /* packs that could not be used while the store still opened
+                                      (their blobs come from mirrors), one line each; "" if none */
 } dfsp_info;
 
-/* Opens a store: the model (tensors mapped from the packs) and its blob table with copies and
- * checksums. */
-int dfsp_open(const char *dir, model *m, blob_table *bt, dfsp_info *info, errbuf *err);
+typedef struct dfsp_open_opts {
+    const char *drives;       /* comma-separated folders where the drives are now (--drives): each
+                                 pack is looked for there by its file name; NULL: where the manifest
+                                 recorded it (relative to the store, then the absolute path) */
+    const signed char *copy;  /* [blobs, manifest order] the copy whose bytes a blob's tensors map
+                                 (-1 or NULL: the first copy on a pack that is there) */
+} dfsp_open_opts;
+
+/* Opens a store: the model (tensors mapped from one copy of each blob) and its blob table with
+ * copies and checksums. A pack that is missing or truncated is an error unless every blob on it
+ * has a copy on another pack: then it is a warning in info->warning and those copies are dead
+ * (blob.dead). Errors name what was looked for. */
+int dfsp_open(const char *dir, const dfsp_open_opts *o, model *m, blob_table *bt, dfsp_info *info, errbuf *err);
+/* Checks the xxh3 of every blob whose `mapped[b]` is set (blob table ids) in the copy its tensors
+ * map, from the mapping (so the pages are warm for the run), on the pool's threads. A mismatch
+ * with no good copy is an error naming the blob and pack; with a good mirror, better[b] gets that
+ * copy (manifest order is bt->b[b].man_index) and the function returns 1: reopen with it. */
+int dfsp_verify_mapped(const model *m, const blob_table *bt, const uint8_t *mapped, pool *p, signed char *better,
+                       errbuf *err);
 
 /* SHA-256 identity of a Hugging Face folder (config.json + safetensors headers), hex. */
 int dfsp_identity(const char *hf_dir, const st_set *st, char out[65], errbuf *err);

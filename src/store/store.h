@@ -102,6 +102,9 @@ const weight_src *store_weights(store *s);
 /* The plan the store runs (expert_slots as opened). */
 const store_plan *store_plan_get(const store *s);
 int store_slots(const store *s); /* expert slots */
+/* 1 if blob b (of store_blobs) is used straight from the model's mapping (the globals, the
+ * spines kept resident), 0 if it is read into a slot (experts, streamed spines: checked there). */
+int store_is_mapped(const store *s, int b);
 int store_pinned(const store *s); /* slots a pass holds now (0 between passes) */
 uint64_t store_slot_bytes(const store *s);
 const blob_table *store_blobs(const store *s);
