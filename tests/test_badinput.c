@@ -164,6 +164,28 @@ TEST(bad_offsets_overlap)
     ckpt_close(&c);
 }
 
+/* an empty tensor between two overlapping ones used to hide the overlap (only neighbours in
+ * offset order were compared): the final norm moved inside a large matrix, an empty tensor just
+ * before it */
+TEST(bad_offsets_overlap_hidden_by_an_empty_tensor)
+{
+    ckpt c;
+    CHECK(ckpt_open(&c) == 0);
+    json_t *big = entry(&c, "language_model.model.layers.0.mlp.down_proj.weight");
+    json_t *norm = entry(&c, "language_model.model.norm.weight");
+    json_int_t a0 = json_integer_value(json_array_get(json_object_get(big, "data_offsets"), 0));
+    json_int_t len = json_integer_value(json_array_get(json_object_get(norm, "data_offsets"), 1)) -
+                     json_integer_value(json_array_get(json_object_get(norm, "data_offsets"), 0));
+    json_object_set_new(norm, "data_offsets", json_pack("[I, I]", a0 + 1024, a0 + 1024 + len));
+    json_object_set_new(c.hdr, "extra.empty",
+                        json_pack("{s:s, s:[i], s:[I, I]}", "dtype", "BF16", "shape", 0, "data_offsets", a0 + 512,
+                                  a0 + 512));
+    char *d = dirname_for("overlap-hidden");
+    write_model(d, c.hdr, c.data, c.data_len, 0, NULL);
+    expect_error(d, (const char *const[]){"model.safetensors", "overlap", "down_proj", "norm.weight", NULL});
+    ckpt_close(&c);
+}
+
 TEST(bad_byte_length_mismatch)
 {
     ckpt c;

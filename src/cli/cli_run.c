@@ -151,6 +151,7 @@ int cmd_run(int argc, char **argv)
     tok_ids ids = {0};
     int rc = 1, have_stream = 0;
     int32_t *stop = NULL;
+    struct emit em = {0};
     memset(&sm, 0, sizeof sm);
     memset(&ts, 0, sizeof ts);
     if (engine_open(&eo, &e, &err) != 0)
@@ -236,7 +237,7 @@ int cmd_run(int argc, char **argv)
     so.max_commit = 0;  /* no drafting yet: every pass is kept whole */
     so.ckpt_budget = 0; /* one prompt, nothing to come back to */
     gen_req rq = {ids.v, n, (int)max_new, stop, nstop};
-    struct emit em = {print_ids, 0, e, have_stream ? &ts : NULL, reply, 0};
+    em = (struct emit){print_ids, 0, e, have_stream ? &ts : NULL, reply, 0};
     if (reply && thinking && tok_chat_format_of(tk) == TOK_CHAT_K3) {
         fputs("<think>", stdout); /* the prompt opened the thinking channel */
         em.in_think = 1;
@@ -272,6 +273,10 @@ int cmd_run(int argc, char **argv)
     }
     rc = 0;
 out:
+    if (rc && em.n > 0) { /* what was produced stays, on its own line before the error */
+        printf("\n");
+        fflush(stdout);
+    }
     if (rc)
         cli_fail(cmd, &err);
     free(stop);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "base/timer.h"
 #include "engine/engine_int.h"
 #include "store/store.h"
 
@@ -152,9 +153,16 @@ static int open_dfsp(engine *e, const engine_opts *o, const char *dir, errbuf *e
         }
         if (attempt == 0)
             memset(copy, -1, (size_t)nb + 1);
-        for (int b = 0; b < nb; b++)
+        e->verified_bytes = 0;
+        e->verified_blobs = 0;
+        for (int b = 0; b < nb; b++) {
             mapped[b] = e->store ? (uint8_t)store_is_mapped(e->store, b) : 1;
+            e->verified_bytes += mapped[b] ? t->b[b].size : 0;
+            e->verified_blobs += mapped[b];
+        }
+        double t0 = timer_now();
         int r = dfsp_verify_mapped(&e->own, t, mapped, e->pool, copy, err);
+        e->verify_s = timer_now() - t0;
         if (r == 0)
             break;
         if (r > 0 && attempt == 0) {

@@ -37,6 +37,9 @@ struct engine {
     int dfsp, spine_int8;
     atomic_int sessions;    /* alive; engine_free asserts none */
     atomic_int busy;        /* a thread is inside the engine */
+    uint64_t verified_bytes; /* blobs checked from the mapping at open, and how long it took */
+    int verified_blobs;
+    double verify_s;
     /* engine_mark_decode */
     double mark_t;
     uint64_t mark_bytes, mark_drive[16];

@@ -28,6 +28,12 @@ static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, si
 void engine_report(engine *e, FILE *f, int tokens, double seconds)
 {
     const char *spine = e->spine_int8 ? ", layer spines INT8 (prepare --spine int8)" : "";
+    if (e->verified_blobs > 0) {
+        char h[32];
+        fprintf(f, "[stats] verified %d blobs used from the mapping (%s) at open in %.3f s (%.2f GB/s)\n",
+                e->verified_blobs, store_fmt_bytes((double)e->verified_bytes, h, 32), e->verify_s,
+                e->verify_s > 0 ? e->verified_bytes / 1e9 / e->verify_s : 0.0);
+    }
     if (!e->store) {
         fprintf(f, "[stats] weights: all resident (mapped)%s\n", spine);
         return;

@@ -837,23 +837,16 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     /* each drive's queue depth and request size, as doctor --drives measured them in its folder
      * (the folder of the first file on that drive); drives never measured keep the defaults */
     int nfiles = s->dfsp ? info->npacks : m->st.nfiles;
-    for (int d = 0; d < s->ndrives && d < IO_MAX_DRIVES; d++)
-        for (int i = 0; i < nfiles && i < 256; i++) {
-            const char *p = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
-            if ((s->dfsp ? info->pack_drive[i] : 0) != d)
-                continue;
-            char dir[1024];
-            const char *slash = strrchr(p, '/');
-            if (!slash)
-                snprintf(dir, sizeof dir, ".");
-            else
-                snprintf(dir, sizeof dir, "%.*s", slash == p ? 1 : (int)(slash - p), p);
-            if (io_tune_load(&ic, d, dir, err) < 0) {
-                store_free(s);
-                return -1;
-            }
-            break;
-        }
+    const char *paths[256];
+    int drives[256];
+    for (int i = 0; i < nfiles && i < 256; i++) {
+        paths[i] = s->dfsp ? info->pack_path[i] : m->st.files[i].path;
+        drives[i] = s->dfsp ? info->pack_drive[i] : 0;
+    }
+    if (io_tune_files(&ic, paths, drives, nfiles < 256 ? nfiles : 256, err) != 0) {
+        store_free(s);
+        return -1;
+    }
     if (!(s->io = io_new(&ic, err))) {
         store_free(s);
         return -1;

@@ -5,7 +5,9 @@
  * "<drive>/dfsp-<identity>.pack", each blob a contiguous image (tensors 64-byte aligned inside,
  * bytes exactly as released) starting on a 4 KiB boundary and padded to one, so one O_DIRECT read
  * brings a whole expert. Blobs are striped over the drives in order; with mirrors each blob is
- * on N consecutive drives. The manifest records, per blob, its kind, layer, expert, size, xxh3
+ * on N consecutive drives. Each pack is recorded by its absolute path and its path relative to
+ * the store folder (drives are mount points that move; dfsp_open looks in --drives first, by the
+ * pack's file name). The manifest records, per blob, its kind, layer, expert, size, xxh3
  * checksum, copies (pack, offset) and tensors (name, dtype, shape, offset); and the source's
  * identity (SHA-256 over config.json and every safetensors header). A store made with
  * `--spine int8` (spineq.h) says "spine": "int8" and names its packs dfsp-<identity>-int8.pack,
@@ -116,10 +118,11 @@ typedef struct dfsp_open_opts {
  * has a copy on another pack: then it is a warning in info->warning and those copies are dead
  * (blob.dead). Errors name what was looked for. */
 int dfsp_open(const char *dir, const dfsp_open_opts *o, model *m, blob_table *bt, dfsp_info *info, errbuf *err);
-/* Checks the xxh3 of every blob whose `mapped[b]` is set (blob table ids) in the copy its tensors
- * map, from the mapping (so the pages are warm for the run), on the pool's threads. A mismatch
- * with no good copy is an error naming the blob and pack; with a good mirror, better[b] gets that
- * copy (manifest order is bt->b[b].man_index) and the function returns 1: reopen with it. */
+/* Checks the xxh3 of every blob whose mapped[b] is set (blob table ids: those a run uses straight
+ * from the mapping) in the copy its tensors map, hashing from the map on the pool's threads (so
+ * the pages are in memory for the run that uses them). A mismatch with no good copy is an error
+ * naming the blob and pack; with a good mirror, better[b's manifest index] gets that copy and the
+ * function returns 1: reopen with it. */
 int dfsp_verify_mapped(const model *m, const blob_table *bt, const uint8_t *mapped, pool *p, signed char *better,
                        errbuf *err);
 

@@ -170,6 +170,25 @@ static void *pool_main(void *arg)
 
 enum { TUNE_MIN_REQ = 4096, TUNE_MAX_REQ = 64 << 20, TUNE_MAX_DEPTH = 256 };
 
+int io_tune_files(io_cfg *c, const char *const *paths, const int *drive, int n, errbuf *err)
+{
+    for (int d = 0; d < c->ndrives && d < IO_MAX_DRIVES; d++)
+        for (int i = 0; i < n; i++) {
+            if (drive[i] != d)
+                continue;
+            char dir[1024];
+            const char *p = paths[i], *slash = strrchr(p, '/');
+            if (!slash)
+                snprintf(dir, sizeof dir, ".");
+            else
+                snprintf(dir, sizeof dir, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+            if (io_tune_load(c, d, dir, err) < 0)
+                return -1;
+            break;
+        }
+    return 0;
+}
+
 int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
 {
     char path[4200];

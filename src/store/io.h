@@ -65,6 +65,9 @@ int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
 int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err);
 /* The same from a parsed file (`where` names it in errors): 1 set, -1 malformed or out of range. */
 int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *where, errbuf *err);
+/* Each drive d < c->ndrives tuned from the folder of the first of paths[0..n) on it (drive[i]):
+ * drives never measured keep the defaults; -1 when a tuning file is malformed. */
+int io_tune_files(io_cfg *c, const char *const *paths, const int *drive, int n, errbuf *err);
 int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, double cold_gbps,
                  errbuf *err);
 
