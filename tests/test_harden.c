@@ -128,7 +128,9 @@ static long long spine_bytes(const char *store)
  * budget; the spine resident and the experts streaming with --ram-budget. */
 static void mapped_corruption(const char *kind, int layer, int expert, const char *needle)
 {
-    char out[16384], *st = tmp_path(kind), pack[4096];
+    char out[16384], name[64], pack[4096];
+    snprintf(name, sizeof name, "harden-%s", kind);
+    char *st = tmp_path(name);
     long long off, size;
     CHECKF(sh(out, sizeof out, "rm -rf %s && %s prepare --model models/default --out %s", st, tu_bin(), st) == 0,
            "%s", out);
@@ -140,9 +142,9 @@ static void mapped_corruption(const char *kind, int layer, int expert, const cha
             snprintf(budget_opt, sizeof budget_opt, "--ram-budget %lld", budget);
         flip(pack, off + size / 2);
         int rc = sh(out, sizeof out, "%s eval --model %s %s --tokens %s --logits-out %s", tu_bin(), st, budget_opt,
-                    TOKENS, tmp_path("x.bin"));
+                    TOKENS, tmp_path("harden-x.bin"));
         int rc2 = sh(out + strlen(out), sizeof out - strlen(out), "%s eval --model %s %s --tokens %s --no-verify "
-                     "--logits-out %s", tu_bin(), st, budget_opt, TOKENS, tmp_path("x.bin"));
+                     "--logits-out %s", tu_bin(), st, budget_opt, TOKENS, tmp_path("harden-x.bin"));
         flip(pack, off + size / 2);
         CHECKF(rc == 1 && strstr(out, needle) && strstr(out, "checksum"), "%s %s: status %d: %s", needle, budget_opt,
                rc, out);
@@ -157,21 +159,21 @@ TEST(harden_mapped_corruption_spine) { mapped_corruption("spine", 3, -1, "blob '
  * there, so every expert of layer 1 is damaged (the tokens use some of them) */
 TEST(harden_mapped_corruption_expert)
 {
-    char out[16384], *st = tmp_path("expert"), pack[4096];
+    char out[16384], *st = tmp_path("harden-expert"), pack[4096];
     long long off, size;
     CHECKF(sh(out, sizeof out, "rm -rf %s && %s prepare --model models/default --out %s", st, tu_bin(), st) == 0,
            "%s", out);
     CHECK(blob_at(st, "expert", 1, 5, 0, pack, sizeof pack, &off, &size));
     flip(pack, off + size / 2);
     int rc = sh(out, sizeof out, "%s eval --model %s --tokens %s --logits-out %s", tu_bin(), st, TOKENS,
-                tmp_path("x.bin"));
+                tmp_path("harden-x.bin"));
     flip(pack, off + size / 2);
     CHECKF(rc == 1 && strstr(out, "blob 'layer 1 expert 5'") && strstr(out, "checksum"), "status %d: %s", rc, out);
     for (int e = 0; e < 64; e++)
         if (blob_at(st, "expert", 1, e, 0, pack, sizeof pack, &off, &size))
             flip(pack, off + size / 2);
     rc = sh(out, sizeof out, "%s eval --model %s --ram-budget %lld --tokens %s --logits-out %s", tu_bin(), st,
-            spine_bytes(st) + 16 * 65536, TOKENS, tmp_path("x.bin"));
+            spine_bytes(st) + 16 * 65536, TOKENS, tmp_path("harden-x.bin"));
     CHECKF(rc == 1 && strstr(out, "layer 1 expert") && strstr(out, "checksum"), "status %d: %s", rc, out);
 }
 
@@ -202,9 +204,9 @@ static const char *pack_of(const char *st, int drive, char *buf, size_t cap)
 
 TEST(harden_mirror_pack_truncated_or_missing)
 {
-    char out[16384], pk[4096], *ref = tmp_path("ref.bin"), *got = tmp_path("got.bin");
+    char out[16384], pk[4096], *ref = tmp_path("harden-ref.bin"), *got = tmp_path("harden-got.bin");
     CHECK(reference(ref) == 0);
-    char *st = mirrored("mirror", 2);
+    char *st = mirrored("harden-mirror", 2);
     CHECK(st);
     pack_of(st, 1, pk, sizeof pk);
     CHECK(truncate(pk, 4096) == 0); /* drive 1's pack cut short */
@@ -232,11 +234,11 @@ TEST(harden_mirror_pack_truncated_or_missing)
 TEST(harden_no_mirror_names_the_blob)
 {
     char out[16384], pk[4096];
-    char *st = mirrored("nomirror", 1);
+    char *st = mirrored("harden-nomirror", 1);
     CHECK(st);
     CHECK(truncate(pack_of(st, 1, pk, sizeof pk), 4096) == 0);
     int rc = sh(out, sizeof out, "%s eval --model %s --tokens %s --logits-out %s", tu_bin(), st, TOKENS,
-                tmp_path("x.bin"));
+                tmp_path("harden-x.bin"));
     CHECKF(rc == 1 && strstr(out, "blob '") && strstr(out, "has no copy") && strstr(out, "truncated"), "status %d: %s",
            rc, out);
 }
@@ -244,10 +246,10 @@ TEST(harden_no_mirror_names_the_blob)
 /* a flipped byte in the mapped copy of the globals: the mirror's bytes are used, the logits right */
 TEST(harden_mirror_replaces_a_bad_mapped_copy)
 {
-    char out[16384], pack[4096], *ref = tmp_path("ref2.bin"), *got = tmp_path("got2.bin");
+    char out[16384], pack[4096], *ref = tmp_path("harden-ref2.bin"), *got = tmp_path("harden-got2.bin");
     long long off, size;
     CHECK(reference(ref) == 0);
-    char *st = mirrored("badcopy", 2);
+    char *st = mirrored("harden-badcopy", 2);
     CHECK(st);
     CHECK(blob_at(st, "global", -1, -1, 0, pack, sizeof pack, &off, &size));
     flip(pack, off + 12345);
@@ -260,9 +262,9 @@ TEST(harden_mirror_replaces_a_bad_mapped_copy)
  * repository; move the whole store; move a drive folder and say where with --drives */
 TEST(harden_relative_and_moved_drives)
 {
-    char out[16384], cwd[4096], *ref = tmp_path("ref3.bin"), *got = tmp_path("got3.bin");
+    char out[16384], cwd[4096], *ref = tmp_path("harden-ref3.bin"), *got = tmp_path("harden-got3.bin");
     CHECK(reference(ref) == 0 && getcwd(cwd, sizeof cwd));
-    char *w = tmp_path("rel");
+    char *w = tmp_path("harden-rel");
     char bin[4200];
     snprintf(bin, sizeof bin, "%s%s%s", tu_bin()[0] == '/' ? "" : cwd, tu_bin()[0] == '/' ? "" : "/", tu_bin());
     int rc = sh(out, sizeof out, "rm -rf %s && mkdir -p %s/d0 %s/d1 && cd %s && %s prepare --model %s/models/default "
@@ -279,7 +281,7 @@ TEST(harden_relative_and_moved_drives)
             w, w, w, TOKENS, got);
     CHECKF(rc == 0 && same_file(got, ref), "--drives to the moved folder: status %d: %s", rc, out);
     /* a store with its pack inside moves as a whole */
-    char *s2 = tmp_path("whole");
+    char *s2 = tmp_path("harden-whole");
     rc = sh(out, sizeof out, "rm -rf %s %s-moved && %s prepare --model models/default --out %s && mv %s %s-moved && "
             "%s eval --model %s-moved --tokens %s --logits-out %s", s2, s2, tu_bin(), s2, s2, s2, tu_bin(), s2, TOKENS,
             got);
@@ -291,9 +293,9 @@ TEST(harden_relative_and_moved_drives)
  * a directory is refused */
 TEST(harden_outputs_never_clobber)
 {
-    char out[16384], *ref = tmp_path("ref4.bin");
+    char out[16384], *ref = tmp_path("harden-ref4.bin");
     CHECK(reference(ref) == 0);
-    char *fifo = tmp_path("fifo"), *got = tmp_path("from-fifo.bin");
+    char *fifo = tmp_path("harden-fifo"), *got = tmp_path("harden-from-fifo.bin");
     unlink(fifo);
     CHECK(mkfifo(fifo, 0600) == 0);
     /* the reader holds nothing of ours open, and gives up if the FIFO is replaced under it */
@@ -302,7 +304,7 @@ TEST(harden_outputs_never_clobber)
     struct stat st;
     CHECKF(rc == 0 && stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "FIFO: status %d: %s", rc, out);
     CHECKF(same_file(got, ref), "what came through the FIFO differs");
-    char *target = tmp_path("target.bin"), *link = tmp_path("link.bin");
+    char *target = tmp_path("harden-target.bin"), *link = tmp_path("harden-link.bin");
     unlink(link);
     unlink(target);
     CHECK(symlink(target, link) == 0); /* dangling: the target is made */
@@ -316,7 +318,7 @@ TEST(harden_outputs_never_clobber)
             test_tmpdir());
     CHECKF(rc == 1 && strstr(out, "a directory"), "a directory: status %d: %s", rc, out);
     if (geteuid() == 0) { /* a null device node of our own */
-        char *node = tmp_path("null");
+        char *node = tmp_path("harden-null");
         unlink(node);
         CHECK(mknod(node, S_IFCHR | 0666, makedev(1, 3)) == 0);
         rc = sh(out, sizeof out, "%s eval --model models/default --tokens %s --logits-out %s", tu_bin(), TOKENS, node);
@@ -327,7 +329,7 @@ TEST(harden_outputs_never_clobber)
 /* a copy of the bundled model with one tensor all NaN */
 static char *nan_model(void)
 {
-    char *d = tmp_path("nanmodel"), out[4096];
+    char *d = tmp_path("harden-nan"), out[4096];
     if (sh(out, sizeof out, "rm -rf %s && mkdir -p %s && cp models/default/*.json models/default/tiktoken.model "
            "models/default/model.safetensors %s/", d, d, d) != 0)
         return NULL;
@@ -424,7 +426,7 @@ TEST(harden_huge_max_new_starts_at_once)
 /* config.json with text_config[key] = value (JSON); model_load fails naming needle */
 static void config_case(const char *key, const char *value, const char *needle, const char *base)
 {
-    char *d = tmp_path("cfg"), path[4200];
+    char *d = tmp_path("harden-cfg"), path[4200];
     mkdir(d, 0755);
     json_t *cfg = json_load_file(base ? base : "models/default/config.json", 0, NULL);
     json_t *text = json_object_get(cfg, "text_config") ? json_object_get(cfg, "text_config") : cfg;
@@ -494,7 +496,7 @@ TEST(harden_doctor_empty_drives)
  * then one error naming the position */
 TEST(harden_context_full_keeps_the_tokens)
 {
-    char *d = tmp_path("ctx12"), out[8192], path[4200];
+    char *d = tmp_path("harden-ctx12"), out[8192], path[4200];
     CHECK(sh(out, sizeof out, "rm -rf %s && mkdir -p %s && cp models/default/* %s/", d, d, d) == 0);
     snprintf(path, sizeof path, "%s/config.json", d);
     json_t *cfg = json_load_file(path, 0, NULL);
