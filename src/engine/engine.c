@@ -161,7 +161,7 @@ static int open_dfsp(engine *e, const engine_opts *o, const char *dir, errbuf *e
             e->verified_blobs += mapped[b];
         }
         double t0 = timer_now();
-        int r = dfsp_verify_mapped(&e->own, t, mapped, e->pool, copy, err);
+        int r = dfsp_verify_mapped(&e->own, t, info, mapped, e->pool, copy, err);
         e->verify_s = timer_now() - t0;
         if (r == 0)
             break;

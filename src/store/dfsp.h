@@ -119,12 +119,14 @@ typedef struct dfsp_open_opts {
  * (blob.dead). Errors name what was looked for. */
 int dfsp_open(const char *dir, const dfsp_open_opts *o, model *m, blob_table *bt, dfsp_info *info, errbuf *err);
 /* Checks the xxh3 of every blob whose mapped[b] is set (blob table ids: those a run uses straight
- * from the mapping) in the copy its tensors map, hashing from the map on the pool's threads (so
- * the pages are in memory for the run that uses them). A mismatch with no good copy is an error
- * naming the blob and pack; with a good mirror, better[b's manifest index] gets that copy and the
- * function returns 1: reopen with it. */
-int dfsp_verify_mapped(const model *m, const blob_table *bt, const uint8_t *mapped, pool *p, signed char *better,
-                       errbuf *err);
+ * from the mapping) in the copy its tensors map: what every pass reads (globals, spines) hashed
+ * from the map on the pool's threads, which leaves it in memory for the run; experts, which a run
+ * reads only if it routes to them, with O_DIRECT reads on the drives' tuned queues, which leaves
+ * the page cache alone. A mismatch with no good copy is an error naming the blob and pack; with a
+ * good mirror, better[b's manifest index] gets that copy and the function returns 1: reopen with
+ * it. */
+int dfsp_verify_mapped(const model *m, const blob_table *bt, const dfsp_info *info, const uint8_t *mapped, pool *p,
+                       signed char *better, errbuf *err);
 
 /* SHA-256 identity of a Hugging Face folder (config.json + safetensors headers), hex. */
 int dfsp_identity(const char *hf_dir, const st_set *st, char out[65], errbuf *err);
