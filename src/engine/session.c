@@ -109,7 +109,6 @@ void session_free(session *s)
     ckpt_drop_all(s);
     free(s->ck);
     free(s->hist);
-    free(s->L);
     free(s->rec_off);
     free(s->rec[0]);
     free(s->rec[1]);
@@ -119,6 +118,7 @@ void session_free(session *s)
     if (s->L)
         for (int i = 0; i < s->hp->n_layers; i++)
             free(s->L[i].kv);
+    free(s->L);
     free(s->chunk_off);
     free(s->log);
     free(s->lg);
