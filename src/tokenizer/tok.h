@@ -81,6 +81,14 @@ int tok_is_special(const tok *t, int32_t id);
 
 /* Encodes text (any bytes) and appends the ids. */
 int tok_encode(const tok *t, const char *text, size_t len, tok_special sp, tok_ids *out, errbuf *err);
+/* How much of text no appended text can re-tokenize: *stable gets the length of the longest prefix
+ * that ends at a pre-token piece boundary before the last piece and at least TOK_STABLE_MARGIN bytes
+ * before the end (a pattern match looks past its end by at most a contraction such as 're and one
+ * character of lookahead), so tok_encode of text + anything begins with the tokens of that prefix.
+ * Plain text (no special tokens). 0 where it cannot be shown: a normalizer that changes the text,
+ * or text long enough for Kimi's slicing. Returns 0 or -1 (a regex engine error, in err). */
+enum { TOK_STABLE_MARGIN = 8 };
+int tok_stable_len(const tok *t, const char *text, size_t len, size_t *stable, errbuf *err);
 /* The same ids, computed on all threads of `p` (NULL or one thread: serial). The text is cut only
  * where the pre-tokenizer provably restarts, so the result is identical to tok_encode. */
 int tok_encode_parallel(const tok *t, const char *text, size_t len, tok_special sp, pool *p, tok_ids *out,

@@ -326,6 +326,41 @@ out:
     return rc;
 }
 
+int tok_stable_len(const tok *t, const char *text, size_t len, size_t *stable, errbuf *err)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    *stable = 0;
+    if (len <= TOK_STABLE_MARGIN || t->pt.nlev == 0 || (t->kimi_slicing && len > KIMI_RUN) ||
+        (t->norm && !(t->norm == NORM_NFC && toku_nfc_is_trivial(s, len))))
+        return 0;
+    tok_scratch sc;
+    tok_pieces pv = {0};
+    if (tok_scratch_init(&sc, t, err))
+        return -1;
+    int rc = 0;
+    if (tok_pretok_streamable(&t->pt)) {
+        size_t pos = 0, ps, pe;
+        while ((rc = tok_pretok_next(&t->pt, s, pos, len, &sc, &ps, &pe)) > 0) {
+            tok_pieces_push(&pv, ps, pe);
+            pos = pe;
+        }
+        rc = rc < 0 ? errbuf_set(err, "pre-tokenizer: regex engine error (PCRE2)") : 0;
+    } else {
+        rc = tok_pretok_all(&t->pt, s, len, &sc, &pv, err);
+    }
+    if (!rc && pv.bad)
+        rc = errbuf_set(err, "out of memory pre-tokenizing %zu bytes", len);
+    /* the last boundary before the last piece with the margin after it */
+    for (size_t i = pv.n; !rc && i-- > 1;)
+        if (pv.v[i].s + TOK_STABLE_MARGIN <= len) {
+            *stable = pv.v[i].s;
+            break;
+        }
+    free(pv.v);
+    tok_scratch_free(&sc);
+    return rc;
+}
+
 /* ---- parallel encoding ---- */
 
 /* A part of the input: text to pre-tokenize and BPE, or one special id. */
