@@ -49,6 +49,8 @@ void *__wrap_aligned_alloc(size_t al, size_t n)
     return __real_aligned_alloc(al, n);
 }
 
+long tu_alloc_count(void) { return atomic_load(&n_alloc); }
+
 /* a session with room for 64 positions, passes of 8, a commit log, and checkpoints */
 static const session_opts so_decode = {.context = 64, .max_pass = 8, .max_logits = 8, .max_commit = 8,
                                        .ckpt_budget = 1 << 24, .ckpt_every = 4};

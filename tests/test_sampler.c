@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "engine/sampler.h"
 #include "test.h"
 
@@ -75,6 +76,48 @@ TEST(sampler_filters)
     CHECK(ok_k3);
     CHECK(ok_p);
     CHECK(ok_mp);
+}
+
+/* the reference nucleus: every candidate sorted (probability down, id up), cut where the mass
+ * reaches top-p */
+static int by_order(const void *a, const void *b)
+{
+    const struct sampler_cand *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+TEST(sampler_nucleus_is_the_sorted_cut)
+{
+    enum { V = 3000 };
+    static float l[V];
+    static struct sampler_cand ref[V];
+    rng r;
+    rng_seed(&r, 5);
+    for (int round = 0; round < 40 && !test_failed(); round++) {
+        for (int i = 0; i < V; i++) /* coarse values: many exact ties */
+            l[i] = round % 2 ? (float)(rng_next(&r) % 16) * 0.5f : (float)rng_normal(&r) * 3.0f;
+        float top_p = 0.05f + 0.9f * (float)(round % 10) / 10.0f;
+        sampler s = make(0.8f, 0, top_p, 0.0f, 1, V), all = make(0.8f, 0, 1.0f, 0.0f, 1, V);
+        int n = sampler_dist(&s, l), na = sampler_dist(&all, l);
+        memcpy(ref, all.cand, sizeof ref[0] * (size_t)na);
+        qsort(ref, (size_t)na, sizeof ref[0], by_order);
+        double c = 0;
+        int m = na;
+        for (int i = 0; i < na; i++)
+            if ((c += ref[i].p) >= top_p) {
+                m = i + 1;
+                break;
+            }
+        int same = n == m;
+        for (int i = 0; same && i < m; i++)
+            same = s.cand[i].id == ref[i].id && s.cand[i].p == ref[i].p;
+        sampler_free(&s);
+        sampler_free(&all);
+        CHECKF(same, "round %d (top-p %.2f): a nucleus of %d, the sorted cut has %d or another order", round,
+               (double)top_p, n, m);
+    }
 }
 
 TEST(sampler_distribution)

@@ -64,7 +64,7 @@ static void sync_case(const char *name)
     CHECK(session_new(e, &so, &s, &err) == 0);
     session_recurrent(s, &ckpt);
     session_free(s);
-    so.ckpt_budget = 3 * (uint64_t)ckpt; /* room for three: eviction happens */
+    so.ckpt_budget = 3 * ((uint64_t)ckpt + sizeof(float) * (uint64_t)V); /* room for three: eviction happens */
     CHECK(session_new(e, &so, &s, &err) == 0);
     rng r;
     rng_seed(&r, 7);

@@ -30,6 +30,8 @@ int tu_list_dirs(const char *dir, char ***names);
 /* Runs a shell command line, capturing stdout+stderr (up to cap bytes) into out; returns the
  * exit status (or -1). */
 int tu_run(const char *cmdline, char *out, size_t cap);
+/* Calls to malloc and friends so far (the test binary wraps them: test_alloc.c). */
+long tu_alloc_count(void);
 /* The deltafin binary under test ($DELTAFIN_BIN or build/deltafin). */
 const char *tu_bin(void);
 

@@ -12,13 +12,18 @@ static const char *HELP =
     "                    [--no-thinking] [--thinking-effort low|high|max] [--max-new N] [--temperature T]\n"
     "                    [--top-p P] [--top-k K] [--min-p P] [--seed S] [--prefill-chunk N]\n"
     "                    [--print-ids] [--ignore-eos] [--stop-eos] [--stats]\n"
+    "                    [--draft none|ngram|qwen|dspark|auto] [--draft-model DIR] [--draft-max K]\n"
     "Without --model the bundled default model is used. Temperature 0 (the default) is greedy.\n"
     "--prompt is encoded with the model's tokenizer (text typed there never becomes special tokens);\n"
     "--chat renders it as a user message in the model's chat format and stops at the end of the\n"
     "reply. Text modes stop at end-of-text/end-of-message ids unless --ignore-eos.\n"
     "--tokens is the raw interface: it generates exactly --max-new ids unless --stop-eos.\n"
     "Output is text, or the generated ids with --print-ids. --stats prints time to first token,\n"
-    "tokens/s, per-phase times and weight-store figures on stderr.\n";
+    "tokens/s, per-phase times and weight-store figures on stderr.\n"
+    "--draft guesses tokens ahead that the model checks in one pass: never a different token, only\n"
+    "sooner. auto (the default) tries the n-gram drafter and any drafter model beside the model\n"
+    "(DIR-dspark, DIR-qwen3-drafter) or given with --draft-model, and drafts only while it pays;\n"
+    "--draft-max (default 7) bounds the guesses of a step.\n";
 
 /* Where generated ids go: printed as ids, decoded as plain text (tok_stream), or with --chat read
  * by the reply parser (tok_reply): reasoning shows as <think>...</think>, a tool call as a line
@@ -71,10 +76,83 @@ static int on_token(void *ud, int32_t id)
     return 0;
 }
 
+/* "k3_dspark", "qwen3", ... of a folder's config.json, into buf ("" if none) */
+static const char *model_type_of(const char *dir, char *buf, size_t cap)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *c = json_load_file(path, 0, NULL);
+    const char *mt = json_string_value(json_object_get(c, "model_type"));
+    snprintf(buf, cap, "%s", mt ? mt : "");
+    json_decref(c);
+    return buf;
+}
+
+/* The drafters --draft names: ngram needs nothing; dspark and qwen a model folder, --draft-model or
+ * the one beside the target (DIR-dspark, DIR-qwen3-drafter); auto all of those there are. */
+static int make_drafters(const char *cmd, const char *want, const char *model, const draft_ctx *dc, drafter **out,
+                         int *n, errbuf *err)
+{
+    *n = 0;
+    if (!strcmp(want, "none"))
+        return 0;
+    char beside[2][4200], type[64];
+    snprintf(beside[0], sizeof beside[0], "%s-dspark", engine_model_dir(dc->target));
+    snprintf(beside[1], sizeof beside[1], "%s-qwen3-drafter", engine_model_dir(dc->target));
+    const char *dspark = NULL, *qwen = NULL;
+    if (model) { /* its config says which kind it is */
+        model_type_of(model, type, sizeof type);
+        if (!strcmp(type, "k3_dspark"))
+            dspark = model;
+        else if (!strcmp(type, "qwen3"))
+            qwen = model;
+        else
+            return errbuf_set(err, "--draft-model %s: model_type '%s' is no drafter (k3_dspark, qwen3)", model, type);
+    } else {
+        dspark = !strcmp(model_type_of(beside[0], type, sizeof type), "k3_dspark") ? beside[0] : NULL;
+        qwen = !strcmp(model_type_of(beside[1], type, sizeof type), "qwen3") ? beside[1] : NULL;
+    }
+    int all = !strcmp(want, "auto");
+    if (!all && !strcmp(want, "dspark") && !dspark)
+        return errbuf_set(err, "--draft dspark: no DSpark model (give --draft-model, or put one at %s)", beside[0]);
+    if (!all && !strcmp(want, "qwen") && !qwen)
+        return errbuf_set(err, "--draft qwen: no Qwen3 drafter (give --draft-model, or put one at %s)", beside[1]);
+    (void)cmd;
+    if ((all || !strcmp(want, "ngram")) && draft_ngram_new(dc, &out[(*n)++], err) != 0)
+        return (*n)--, -1;
+    if ((all || !strcmp(want, "dspark")) && dspark && draft_dspark_new(dc, dspark, &out[(*n)++], err) != 0)
+        return (*n)--, -1;
+    if ((all || !strcmp(want, "qwen")) && qwen && draft_qwen_new(dc, qwen, &out[(*n)++], err) != 0)
+        return (*n)--, -1;
+    return 0;
+}
+
+static void report_drafting(const gen_stats *st)
+{
+    for (int d = 0; d < st->n_drafters; d++) {
+        const gen_draft_stats *x = &st->draft[d];
+        fprintf(stderr,
+                "[stats] draft %s: %llu steps, %llu drafted, %llu accepted, %.2f accepted per step (%.2f tokens per "
+                "pass), %.3f s proposing; kept by position:",
+                x->name, (unsigned long long)x->steps, (unsigned long long)x->proposed,
+                (unsigned long long)x->accepted, x->steps ? (double)x->accepted / (double)x->steps : 0.0,
+                x->steps ? (double)(x->accepted + x->steps) / (double)x->steps : 0.0, x->propose_s);
+        for (int j = 0; j < GEN_MAX_DRAFT && x->by_pos_tried[j]; j++)
+            fprintf(stderr, " %.2f", (double)x->by_pos_kept[j] / (double)x->by_pos_tried[j]);
+        fprintf(stderr, "\n");
+    }
+    if (st->passes)
+        fprintf(stderr, "[stats] decode: %llu passes for %d tokens (%.2f per pass); the economics predicted %.3f s of "
+                        "passes, they took %.3f s\n",
+                (unsigned long long)st->passes, st->n_gen, (double)st->n_gen / (double)st->passes, st->predicted_s,
+                st->measured_s);
+}
+
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run", *tokens = NULL, *prompt = NULL, *system = NULL, *effort = NULL, *v;
-    long max_new = 64, chunk = 0, top_k = 0, seed = 0;
+    const char *draft = "auto", *draft_model = NULL;
+    long max_new = 64, chunk = 0, top_k = 0, seed = 0, draft_max = 7;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     int print_ids = 0, stats = 0, stop_eos = 0, ignore_eos = 0, chat = 0, thinking = 1;
     engine_opts eo;
@@ -109,6 +187,15 @@ int cmd_run(int argc, char **argv)
             system = v;
         } else if ((r = cli_opt(argc, argv, &i, "--thinking-effort", &v))) {
             effort = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--draft", &v))) {
+            draft = v;
+            if (strcmp(v, "none") && strcmp(v, "ngram") && strcmp(v, "qwen") && strcmp(v, "dspark") && strcmp(v, "auto"))
+                return cli_usage(cmd, "--draft expects none, ngram, qwen, dspark or auto, got '%s'", v);
+        } else if ((r = cli_opt(argc, argv, &i, "--draft-model", &v))) {
+            draft_model = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--draft-max", &v))) {
+            if (r > 0 && cli_long(cmd, "--draft-max", v, 1, GEN_MAX_DRAFT, &draft_max))
+                return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--max-new", &v))) {
             if (r > 0 && cli_long(cmd, "--max-new", v, 0, 1 << 30, &max_new))
                 return 2;
@@ -152,6 +239,9 @@ int cmd_run(int argc, char **argv)
     int rc = 1, have_stream = 0;
     int32_t *stop = NULL;
     struct emit em = {0};
+    json_t *msgs = NULL;
+    drafter *drafters[GEN_MAX_DRAFTERS] = {0};
+    int nd = 0;
     memset(&sm, 0, sizeof sm);
     memset(&ts, 0, sizeof ts);
     if (engine_open(&eo, &e, &err) != 0)
@@ -179,7 +269,7 @@ int cmd_run(int argc, char **argv)
     }
     if (prompt) {
         if (chat) {
-            json_t *msgs = json_array();
+            msgs = json_array();
             if (system)
                 json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
             json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
@@ -187,9 +277,7 @@ int cmd_run(int argc, char **argv)
             tok_chat_opts_init(&co);
             co.thinking = thinking;
             co.thinking_effort = effort;
-            int r = tok_chat_encode(tk, msgs, &co, &ids, &err);
-            json_decref(msgs);
-            if (r != 0)
+            if (tok_chat_encode(tk, msgs, &co, &ids, &err) != 0)
                 goto out;
         } else if (tok_encode(tk, prompt, strlen(prompt), TOK_SPECIAL_NONE, &ids, &err) != 0) {
             goto out;
@@ -232,11 +320,20 @@ int cmd_run(int argc, char **argv)
     session_opts so;
     session_opts_default(&so);
     so.context = n + (int)max_new;
+    if (hp->ctx_len > 0 && so.context > hp->ctx_len)
+        so.context = hp->ctx_len; /* as session_new would: the model's positions */
     so.max_pass = chunk > 0 ? (int)chunk : (n < 256 ? n : 256);
-    so.max_logits = 1;
-    so.max_commit = 0;  /* no drafting yet: every pass is kept whole */
+    so.prefill_chunk = chunk > 0 ? (int)chunk : 0; /* a verify pass may be longer than the prompt's passes */
     so.ckpt_budget = 0; /* one prompt, nothing to come back to */
-    gen_req rq = {ids.v, n, (int)max_new, stop, nstop};
+    draft_ctx dc = {.target = e, .context = so.context, .messages = msgs, .thinking = thinking};
+    if (make_drafters(cmd, draft, draft_model, &dc, drafters, &nd, &err) != 0)
+        goto out;
+    so.max_logits = nd ? (int)draft_max + 1 : 1; /* a verify pass: logits of all its positions, kept in part */
+    so.max_commit = nd ? (int)draft_max + 1 : 0;
+    if (so.max_pass < so.max_logits)
+        so.max_pass = so.max_logits;
+    gen_req rq = {.prompt = ids.v, .n_prompt = n, .max_new = (int)max_new, .stop = stop, .n_stop = nstop,
+                  .drafters = drafters, .n_drafters = nd, .draft_max = (int)draft_max};
     em = (struct emit){print_ids, 0, e, have_stream ? &ts : NULL, reply, 0};
     if (reply && thinking && tok_chat_format_of(tk) == TOK_CHAT_K3) {
         fputs("<think>", stdout); /* the prompt opened the thinking channel */
@@ -245,7 +342,11 @@ int cmd_run(int argc, char **argv)
     gen_stats st;
     if (sampler_init(&sm, &sc, hp->vocab, &err) || session_new(e, &so, &s, &err))
         goto out;
-    if (gen_run(s, &sm, &rq, on_token, &em, &st, &err) != 0)
+    for (int d = 0; d < nd; d++)
+        if (drafters[d]->n_taps > 0 &&
+            session_set_tap_sink(s, drafters[d]->taps, drafters[d]->n_taps, drafters[d]->on_taps, drafters[d], &err))
+            goto out;
+    if (gen_run(s, &sm, &rq, on_token, NULL, &em, &st, &err) != 0)
         goto out;
     if (have_stream) {
         size_t len;
@@ -270,6 +371,7 @@ int cmd_run(int argc, char **argv)
                 st.t_decode, st.n_gen - 1);
         engine_report(e, stderr, st.n_prompt + st.n_gen, st.t_prefill + st.t_decode);
         engine_report_decode(e, stderr, st.n_gen - 1);
+        report_drafting(&st);
     }
     rc = 0;
 out:
@@ -285,6 +387,9 @@ out:
     if (have_stream)
         tok_stream_free(&ts);
     tok_reply_free(reply);
+    for (int d = 0; d < nd; d++)
+        drafters[d]->free(drafters[d]);
+    json_decref(msgs);
     tok_ids_free(&ids);
     engine_free(e);
     return rc;

@@ -69,7 +69,12 @@ static engine *engine_alloc(const engine_opts *o, errbuf *err)
 
 static int engine_start_pool(engine *e, const engine_opts *o, errbuf *err)
 {
+    if (o->pool_of) {
+        e->pool = o->pool_of->pool;
+        return 0;
+    }
     e->pool = pool_new(o->threads > 0 ? o->threads : pool_ncpu(), err);
+    e->own_pool = e->pool != NULL;
     return e->pool ? 0 : -1;
 }
 
@@ -234,7 +239,8 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
     *out = e;
     return 0;
 fail:
-    pool_free(e->pool);
+    if (e->own_pool)
+        pool_free(e->pool);
     free(e);
     return -1;
 }
@@ -277,7 +283,8 @@ void engine_free(engine *e)
         model_free(&e->own);
     }
     tok_free(e->tk);
-    pool_free(e->pool);
+    if (e->own_pool)
+        pool_free(e->pool);
     free(e);
 }
 

@@ -58,6 +58,8 @@ typedef struct engine_opts {
     int min_cache;         /* stream with the least cache: the spine and two experts */
     int threads;           /* 0: every CPU this process may run on */
     const char *kernels;   /* "auto" (or NULL), "scalar", "avx2", "avx512", "neon" */
+    engine *pool_of;       /* run on this engine's threads (a drafter model beside its target: one
+                              set of threads, never two spinning against each other); NULL: own */
 } engine_opts;
 
 void engine_opts_default(engine_opts *o);
@@ -106,12 +108,16 @@ typedef struct session_opts {
     int max_commit;       /* passes of up to this many positions log their recurrence inputs, so
                              that session_commit keeps part of them without reading a weight again;
                              a longer pass kept in part is recomputed */
-    uint64_t ckpt_budget; /* bytes of recurrent-state checkpoints session_sync may keep */
+    uint64_t ckpt_budget; /* bytes of recurrent-state checkpoints session_sync may keep (each also
+                             keeps the logits of its last position: a sync that ends where one ended
+                             before runs nothing) */
     int ckpt_every;       /* a long sync also checkpoints every this many positions (0: only where
                              each sync ends) */
+    int prefill_chunk;    /* the passes session_sync runs a prompt in (0: max_pass; at most max_pass) */
 } session_opts;
 
-/* context 4096, max_pass 256, max_logits 16, max_commit 16, ckpt_budget 256 MiB, ckpt_every 1024 */
+/* context 4096, max_pass 256, max_logits 16, max_commit 16, ckpt_budget 256 MiB, ckpt_every 1024,
+ * prefill_chunk 0 */
 void session_opts_default(session_opts *o);
 int session_new(engine *e, const session_opts *o, session **out, errbuf *err);
 void session_free(session *s);
@@ -151,6 +157,17 @@ int session_commit(session *s, int n_keep, errbuf *err);
 int session_sync(session *s, const int32_t *ids, int n, errbuf *err);
 /* Logits [vocab] of position len-1, NULL when the last operation did not produce them. */
 const float *session_last_logits(const session *s);
+
+/* A tap sink: every pass of s, a sync's too, computes the taps of layers[0..n) and hands them to
+ * fn(ud, pos0, T, taps [T][n][hidden]) for its positions pos0 .. pos0+T-1 before it returns, so a
+ * drafter reading the target's hidden states (DSpark) sees every position the session computes
+ * (the positions of a pass kept only in part are handed over again when they are next run).
+ * n = 0 removes it. A pass asking for taps of its own while a sink is set is refused. */
+typedef void (*session_tap_fn)(void *ud, int pos0, int T, const float *taps);
+int session_set_tap_sink(session *s, const int *layers, int n, session_tap_fn fn, void *ud, errbuf *err);
+/* The most positions one pass may carry and keep in part without recomputing (session_opts). */
+int session_max_pass(const session *s);
+int session_max_commit(const session *s);
 
 typedef struct session_stats {
     uint64_t passes, positions_run;  /* passes run, and positions they computed */

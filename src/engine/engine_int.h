@@ -32,6 +32,7 @@ struct engine {
     const weight_src *xs;   /* the store's weight source, NULL with it */
     int own_parts;          /* 1: m and store belong to the engine */
     pool *pool;
+    int own_pool;           /* 0: borrowed from engine_opts.pool_of */
     const kern_ops *k;
     tok *tk;                /* loaded on first use */
     int dfsp, spine_int8;
@@ -52,7 +53,8 @@ void engine_leave(engine *e);
 
 typedef struct session_ckpt {
     int pos;
-    float *rec; /* [rec_floats] */
+    float *rec; /* [rec_floats + vocab]: the recurrent state at pos, then the logits of pos - 1 */
+    int has_lg; /* the logits were there to keep (the end of a sync) */
 } session_ckpt;
 
 struct session {
@@ -83,6 +85,11 @@ struct session {
     arena ar;               /* pass scratch */
     session_ckpt *ck;
     int nck, cap_ck;
+    int *sink_layers;       /* [sink_n] the tap sink's layers */
+    int sink_n;
+    float *sink_buf;        /* [max_pass][sink_n][hidden] */
+    session_tap_fn sink_fn;
+    void *sink_ud;
     session_stats st;
 };
 

@@ -1,14 +1,42 @@
 /* generate.h — the decode loop: bring the session to the prompt (session_sync: reusing what it
- * holds), then pick, emit, and feed one token at a time until max_new tokens or a stop id.
- * Speculative decoding will slot in here (a drafter proposes, one verify pass, session_commit);
- * today every token costs one pass. */
+ * holds), then decide, emit and feed tokens until max_new or a stop id, with or without drafting.
+ *
+ * With drafters, each step chooses one and how many tokens it guesses (k, 0: plain decode) to
+ * get the most tokens per second (the economics below), runs one verify pass over the anchor (the
+ * newest decided token) and the k guesses, keeps the agreeing prefix and adds the target's own
+ * next token, then keeps the pass in part (session_commit). Greedy: a guess is kept while it is
+ * the target's argmax. Sampling: a guess d is kept when u < p(d) / q(d) (q = 1 for plain
+ * guesses), otherwise the target's token is drawn from norm(max(p - q, 0)); when every guess is
+ * kept a bonus token is drawn from the last row. Each token's random numbers come from (seed, its
+ * position), so the result is distributed exactly as the target's, and greedy output, with the
+ * logits of every emitted position, is bit for bit a plain decode's.
+ *
+ * Economics: expected tokens of a step with k guesses, E(k) = 1 + sum_i prod_{j<=i} a_j, from the
+ * acceptance a_j measured per drafter and per position in the block; its cost, the time of a pass
+ * of k + 1 positions (measured per size; before a size is measured, the pass of one position
+ * scaled by the union of the experts k + 1 positions read, for the part of it spent waiting on
+ * reads, and by a small per-position compute term for the rest) plus the drafter's own time. The
+ * step takes the drafter and k with the best E(k) / cost; when no drafter beats plain decode it
+ * decodes plainly, and only probes a drafter now and then (every GEN_PROBE_EVERY steps) so its
+ * acceptance stays measured.
+ */
 #ifndef DF_ENGINE_GENERATE_H
 #define DF_ENGINE_GENERATE_H
 
 #include <stdint.h>
 
+#include "engine/draft.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+
+enum { GEN_MAX_DRAFT = 15, GEN_MAX_DRAFTERS = 4, GEN_PROBE_EVERY = 32 };
+
+typedef struct gen_draft_stats {
+    const char *name;
+    uint64_t steps, proposed, accepted;
+    uint64_t by_pos_tried[GEN_MAX_DRAFT], by_pos_kept[GEN_MAX_DRAFT]; /* acceptance by position in the block */
+    double propose_s;
+} gen_draft_stats;
 
 typedef struct gen_stats {
     int n_prompt, n_gen;
@@ -16,6 +44,10 @@ typedef struct gen_stats {
     double t_prefill;   /* seconds spent on the prompt */
     double t_first;     /* seconds from start to the first generated token */
     double t_decode;    /* seconds spent generating after the first token */
+    uint64_t passes;    /* decode passes (plain and verify) */
+    double predicted_s, measured_s; /* the economics' cost of the passes it chose, and their time */
+    int n_drafters;
+    gen_draft_stats draft[GEN_MAX_DRAFTERS];
 } gen_stats;
 
 typedef struct gen_req {
@@ -24,11 +56,19 @@ typedef struct gen_req {
     int max_new;
     const int32_t *stop; /* generation ends after emitting one of these */
     int n_stop;
+    drafter *const *drafters; /* candidates for each step ("auto": several), or none */
+    int n_drafters;
+    int draft_max;       /* the most guesses a step makes (capped by the session's commit log) */
+    int fixed;           /* 1: no economics: every step drafts draft_max, the drafters in turn (tests, and
+                            measuring acceptance) */
 } gen_req;
 
 /* Called for each generated token; a non-zero return stops generation (that is not an error). */
 typedef int (*gen_token_fn)(void *ud, int32_t id);
+/* Optional: the logits [vocab] that decided the token at `pos`, as each is emitted (tests). */
+typedef void (*gen_logits_fn)(void *ud, int64_t pos, const float *logits);
 
-int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, void *ud, gen_stats *st, errbuf *err);
+int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_logits_fn lcb, void *ud, gen_stats *st,
+            errbuf *err);
 
 #endif

@@ -72,6 +72,52 @@ static void sift(struct sampler_cand *c, int n, int i)
     }
 }
 
+static void sift_first(struct sampler_cand *c, int n, int i)
+{
+    for (;;) { /* a heap whose root is the candidate that sorts first */
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && before(&c[l], &c[m]))
+            m = l;
+        if (r < n && before(&c[r], &c[m]))
+            m = r;
+        if (m == i)
+            return;
+        struct sampler_cand t = c[i];
+        c[i] = c[m];
+        c[m] = t;
+        i = m;
+    }
+}
+
+/* The nucleus without sorting the tail: candidates come off a heap in candidate order until their
+ * mass reaches top_p, then sit in order at c[0..m). The set and order are what sorting all n and
+ * cutting would give (the order is total: ties go by id). Returns m. */
+static int nucleus(struct sampler_cand *c, int n, double top_p)
+{
+    for (int i = n / 2 - 1; i >= 0; i--)
+        sift_first(c, n, i);
+    double cum = 0.0;
+    int m = 0;
+    while (m < n) { /* the next in order goes to c[n - 1 - m] */
+        int e = n - 1 - m;
+        struct sampler_cand t = c[0];
+        c[0] = c[e];
+        c[e] = t;
+        sift_first(c, e, 0);
+        m++;
+        cum += t.p;
+        if (cum >= top_p)
+            break;
+    }
+    for (int i = 0; i < m / 2; i++) { /* c[n-m..n) holds them last-first: reverse, then to the front */
+        struct sampler_cand t = c[n - m + i];
+        c[n - m + i] = c[n - 1 - i];
+        c[n - 1 - i] = t;
+    }
+    memmove(c, c + (n - m), sizeof *c * (size_t)m);
+    return m;
+}
+
 /* In-place heapsort into candidate order (no allocation, unlike qsort in glibc). */
 static void sort_cands(struct sampler_cand *c, int n)
 {
@@ -85,15 +131,19 @@ static void sort_cands(struct sampler_cand *c, int n)
     }
 }
 
-int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
+int sampler_dist(sampler *s, const float *logits)
 {
     int V = s->vocab;
     int32_t best = sampler_argmax(logits, V);
+    s->n = 1;
+    s->total = 1.0;
+    s->cand[0].id = best;
+    s->cand[0].p = 1.0f;
     if (s->cfg.temperature == 0.0f)
-        return best;
+        return 1;
     float mx = logits[best], inv = 1.0f / s->cfg.temperature;
     if (!isfinite(mx))
-        return best; /* degenerate logits: nothing to sample from but the argmax */
+        return 1; /* degenerate logits: nothing to sample from but the argmax */
     /* every token's unnormalised probability once, then the candidates in place: tokens with
      * non-zero mass at or above the min-p floor */
     double sum = 0.0;
@@ -102,8 +152,11 @@ int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
         s->cand[i].p = e;
         sum += e;
     }
-    if (!(sum >= 1.0) || !isfinite(sum))
-        return best;
+    if (!(sum >= 1.0) || !isfinite(sum)) {
+        s->cand[0].id = best;
+        s->cand[0].p = 1.0f;
+        return 1;
+    }
     int n = 0;
     float floor_p = s->cfg.min_p * (float)(1.0 / sum); /* the top token has probability 1/sum */
     for (int i = 0; i < V; i++) {
@@ -114,10 +167,14 @@ int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
             n++;
         }
     }
-    if (n == 0)
-        return best;
-    int filtered = (s->cfg.top_k > 0 && n > s->cfg.top_k) || s->cfg.top_p < 1.0f;
-    if (filtered) {
+    if (n == 0) {
+        s->cand[0].id = best;
+        s->cand[0].p = 1.0f;
+        return 1;
+    }
+    if (!(s->cfg.top_k > 0 && n > s->cfg.top_k) && s->cfg.top_p < 1.0f) {
+        n = nucleus(s->cand, n, s->cfg.top_p);
+    } else if ((s->cfg.top_k > 0 && n > s->cfg.top_k) || s->cfg.top_p < 1.0f) {
         if (s->cfg.top_k > 0 && n > s->cfg.top_k) { /* keep the top-k with a heap of k, then sort them */
             int k = s->cfg.top_k;
             for (int i = k / 2 - 1; i >= 0; i--)
@@ -144,11 +201,60 @@ int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
     double total = 0.0;
     for (int i = 0; i < n; i++)
         total += s->cand[i].p;
-    double u = (double)rng_uniform_at(s->cfg.seed, (uint64_t)pos, 0) * total, c = 0.0;
-    for (int i = 0; i < n; i++) {
+    s->n = n;
+    s->total = total;
+    return n;
+}
+
+double sampler_prob(const sampler *s, int32_t id)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->cand[i].id == id)
+            return (double)s->cand[i].p / s->total;
+    return 0.0;
+}
+
+int32_t sampler_draw(const sampler *s, float u01)
+{
+    double u = (double)u01 * s->total, c = 0.0;
+    for (int i = 0; i < s->n; i++) {
         c += s->cand[i].p;
         if (u < c)
             return s->cand[i].id;
     }
-    return s->cand[n - 1].id;
+    return s->cand[s->n - 1].id;
+}
+
+int32_t sampler_draw_residual(const sampler *s, const float *q, int32_t point, float u01)
+{
+    /* r(x) = max(p(x) - q(x), 0) over the candidates (p is 0 elsewhere, and so is r) */
+    double total = 0.0;
+    for (int i = 0; i < s->n; i++) {
+        double p = (double)s->cand[i].p / s->total;
+        double qx = q ? (double)q[s->cand[i].id] : s->cand[i].id == point ? 1.0 : 0.0;
+        total += p > qx ? p - qx : 0.0;
+    }
+    if (!(total > 0.0)) /* p <= q everywhere: cannot be rejected; the best candidate */
+        return s->cand[0].id;
+    double u = (double)u01 * total, c = 0.0;
+    int last = 0;
+    for (int i = 0; i < s->n; i++) {
+        double p = (double)s->cand[i].p / s->total;
+        double qx = q ? (double)q[s->cand[i].id] : s->cand[i].id == point ? 1.0 : 0.0;
+        if (p > qx) {
+            c += p - qx;
+            last = i;
+            if (u < c)
+                return s->cand[i].id;
+        }
+    }
+    return s->cand[last].id;
+}
+
+int32_t sampler_pick(sampler *s, const float *logits, int64_t pos)
+{
+    sampler_dist(s, logits);
+    if (s->cfg.temperature == 0.0f)
+        return s->cand[0].id;
+    return sampler_draw(s, rng_uniform_at(s->cfg.seed, (uint64_t)pos, SAMPLER_STREAM_PICK));
 }

@@ -122,6 +122,8 @@ void session_free(session *s)
     free(s->chunk_off);
     free(s->log);
     free(s->lg);
+    free(s->sink_layers);
+    free(s->sink_buf);
     arena_free(&s->ar);
     if (s->e) {
         int was = atomic_fetch_sub(&s->e->sessions, 1);
@@ -136,7 +138,8 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
     *out = NULL;
     const model *m = e->m;
     const hparams *hp = &m->hp;
-    if (o->context < 1 || o->max_pass < 1 || o->max_logits < 1 || o->max_commit < 0 || o->ckpt_every < 0)
+    if (o->context < 1 || o->max_pass < 1 || o->max_logits < 1 || o->max_commit < 0 || o->ckpt_every < 0 ||
+        o->prefill_chunk < 0)
         return errbuf_set(err, "session: context %d, pass size %d and logits %d must be positive", o->context,
                           o->max_pass, o->max_logits);
     if (engine_enter(e, err))
@@ -217,6 +220,36 @@ void session_reset(session *s)
 }
 
 int session_len(const session *s) { return s->n + s->pend_T; }
+int session_max_pass(const session *s) { return s->o.max_pass; }
+int session_max_commit(const session *s) { return s->o.max_commit; }
+
+int session_set_tap_sink(session *s, const int *layers, int n, session_tap_fn fn, void *ud, errbuf *err)
+{
+    free(s->sink_layers);
+    free(s->sink_buf);
+    s->sink_layers = NULL;
+    s->sink_buf = NULL;
+    s->sink_n = 0;
+    if (n <= 0)
+        return 0;
+    for (int j = 0; j < n; j++)
+        if (layers[j] < 0 || layers[j] >= s->hp->n_layers)
+            return errbuf_set(err, "session: tap of layer %d (the model has %d)", layers[j], s->hp->n_layers);
+    s->sink_layers = malloc(sizeof(int) * (size_t)n);
+    s->sink_buf = alloc_floats((size_t)s->o.max_pass * (size_t)n * (size_t)s->hp->hidden);
+    if (!s->sink_layers || !s->sink_buf) {
+        free(s->sink_layers);
+        free(s->sink_buf);
+        s->sink_layers = NULL;
+        s->sink_buf = NULL;
+        return errbuf_set(err, "session: out of memory for taps");
+    }
+    memcpy(s->sink_layers, layers, sizeof(int) * (size_t)n);
+    s->sink_n = n;
+    s->sink_fn = fn;
+    s->sink_ud = ud;
+    return 0;
+}
 const int32_t *session_tokens(const session *s) { return s->hist; }
 int session_context(const session *s) { return s->o.context; }
 
@@ -262,9 +295,18 @@ static int run_tokens(session *s, const int32_t *tokens, int T, int n_logits, co
             return errbuf_set(err, "session: tap of layer %d (the model has %d)", taps[j], hp->n_layers);
     if (n_taps > 0 && !tap_out)
         return errbuf_set(err, "session: taps asked for without a buffer");
+    if (n_taps > 0 && s->sink_n > 0)
+        return errbuf_set(err, "session: a pass asked for taps while a tap sink is set");
+    if (s->sink_n > 0) {
+        taps = s->sink_layers;
+        n_taps = s->sink_n;
+        tap_out = s->sink_buf;
+    }
     int logged = s->n_kda > 0 && T <= s->o.max_commit;
     if (pass_run(s, tokens, T, n_logits, taps, n_taps, tap_out, logged, err) != 0)
         return -1;
+    if (s->sink_n > 0)
+        s->sink_fn(s->sink_ud, s->n, T, s->sink_buf);
     memmove(s->hist + s->n, tokens, sizeof *tokens * (size_t)T);
     s->pass_pos = s->n;
     s->pend_T = T;
@@ -348,11 +390,13 @@ int session_commit(session *s, int n_keep, errbuf *err)
 /* ---- checkpoints ---- */
 
 static uint64_t ckpt_size(const session *s) { return s->rec_floats * sizeof(float); }
+/* what one checkpoint holds: the state, and room for the logits of its last position */
+static uint64_t ckpt_bytes(const session *s) { return ckpt_size(s) + (uint64_t)s->hp->vocab * sizeof(float); }
 
 /* Takes a checkpoint of rec[cur] at position n, within the budget. */
 static void ckpt_take(session *s)
 {
-    uint64_t sz = ckpt_size(s);
+    uint64_t sz = ckpt_bytes(s);
     if (s->rec_floats == 0 || sz > s->o.ckpt_budget)
         return;
     for (int i = 0; i < s->nck; i++)
@@ -382,14 +426,17 @@ static void ckpt_take(session *s)
         s->ck = nc;
         s->cap_ck = cap;
     }
-    if (!buf && !(buf = alloc_floats(s->rec_floats)))
+    if (!buf && !(buf = alloc_floats(s->rec_floats + (size_t)s->hp->vocab)))
         goto count; /* a checkpoint is an optimisation: without memory there is none */
-    memcpy(buf, s->rec[s->cur], sz);
+    memcpy(buf, s->rec[s->cur], ckpt_size(s));
+    const float *lg = session_last_logits(s);
+    if (lg)
+        memcpy(buf + s->rec_floats, lg, sizeof(float) * (size_t)s->hp->vocab);
     int at = s->nck;
     while (at > 0 && s->ck[at - 1].pos > s->n)
         at--;
     memmove(s->ck + at + 1, s->ck + at, sizeof *s->ck * (size_t)(s->nck - at));
-    s->ck[at] = (session_ckpt){s->n, buf};
+    s->ck[at] = (session_ckpt){s->n, buf, lg != NULL};
     s->nck++;
 count:
     s->st.ckpts = s->nck;
@@ -404,7 +451,7 @@ static void ckpt_drop_after(session *s, int keep)
     while (s->nck > 0 && s->ck[s->nck - 1].pos > keep)
         free(s->ck[--s->nck].rec);
     s->st.ckpts = s->nck;
-    s->st.ckpt_bytes = (uint64_t)s->nck * ckpt_size(s);
+    s->st.ckpt_bytes = (uint64_t)s->nck * ckpt_bytes(s);
 }
 
 /* Moves the state back to position p <= n: from a checkpoint at p (or position 0), or for free
@@ -454,6 +501,18 @@ int session_sync(session *s, const int32_t *ids, int n, errbuf *err)
         s->st.reused += (uint64_t)n;
         goto out;
     }
+    if (lcp == n && s->rec_floats > 0) /* a sync that ended at n kept its logits: nothing to run */
+        for (int i = 0; i < s->nck; i++)
+            if (s->ck[i].pos == n && s->ck[i].has_lg) {
+                ckpt_drop_after(s, n);
+                rewind_to(s, n);
+                memcpy(s->lg, s->ck[i].rec + s->rec_floats, sizeof(float) * (size_t)s->hp->vocab);
+                s->lg_pos = n - 1;
+                s->lg_n = 1;
+                s->pass_pos = n - 1;
+                s->st.reused += (uint64_t)n;
+                goto out;
+            }
     /* the latest reachable position at or before min(lcp, n - 1): the last token must run to give
      * its logits */
     int limit = lcp < n - 1 ? lcp : n - 1, p = 0; /* limit <= lcp <= s->n */
@@ -469,7 +528,8 @@ int session_sync(session *s, const int32_t *ids, int n, errbuf *err)
     s->st.reused += (uint64_t)p;
     int every = s->o.ckpt_every;
     while (s->n < n && rc == 0) {
-        int T = n - s->n < s->o.max_pass ? n - s->n : s->o.max_pass;
+        int C = s->o.prefill_chunk > 0 && s->o.prefill_chunk < s->o.max_pass ? s->o.prefill_chunk : s->o.max_pass;
+        int T = n - s->n < C ? n - s->n : C;
         if (every > 0 && s->rec_floats > 0) { /* end chunks on checkpoint positions */
             int next = (s->n / every + 1) * every;
             if (next < n && next - s->n < T)

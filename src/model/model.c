@@ -316,6 +316,11 @@ int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err)
     return check_ids(hp, where, err);
 }
 
+int model_rope(hparams *hp, const json_t *cfg, const char *where, double *mscale2, errbuf *err)
+{
+    return cfg_rope(cfg, where, hp, mscale2, err);
+}
+
 int model_load(model *m, const char *dir, errbuf *err) { return model_load_set(m, dir, NULL, err); }
 
 int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err)

@@ -167,6 +167,10 @@ int model_layer_mats(layer_w *L, kmat **out);
 /* The same with the tensors supplied by the caller (a weight store's packs); the model takes
  * ownership of *tensors (also on failure). dir still provides config.json. */
 int model_load_set(model *m, const char *dir, st_set *tensors, errbuf *err);
+/* The RoPE table of hp->rope_dim (set first, with hp->rope) from a config's rope_parameters (or
+ * rope_theta + rope_scaling): inverse frequencies in float32 (YaRN ramped), amplitude; *mscale2
+ * gets YaRN's softmax-scale factor. For models outside the families (a drafter's own config). */
+int model_rope(hparams *hp, const json_t *cfg, const char *where, double *mscale2, errbuf *err);
 /* Only the config: fills hp from a parsed config.json (`where` names it in errors). */
 int model_config(hparams *hp, const json_t *cfg, const char *where, errbuf *err);
 void model_free(model *m);

@@ -1,0 +1,73 @@
+/* draft.h — drafters: they guess the tokens the target will decide next. The target checks every
+ * guess in one verify pass (generate.c), so a drafter only ever changes how fast tokens come,
+ * never which: greedy output is the target's argmax at every position, sampled output is
+ * distributed as the target's (speculative sampling), and the logits of every emitted position are
+ * the bits a plain decode computes.
+ *
+ * A drafter is an adapter file in src/engine/drafters/ behind this interface:
+ *   - ngram  (drafters/ngram.c): the continuation of the longest recent n-gram of the sequence that
+ *            occurred before, prompt lookup included; no model;
+ *   - qwen   (drafters/qwen.c):  a Qwen3 model with its own tokenizer run as a second engine; its
+ *            text is re-encoded with the target's tokenizer and only whole target tokens proposed;
+ *   - dspark (drafters/dspark.c): a DSpark block drafter reading the target's taps.
+ * The caller owns the drafter; it is driven from the thread that drives the target.
+ */
+#ifndef DF_ENGINE_DRAFT_H
+#define DF_ENGINE_DRAFT_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct drafter drafter;
+
+struct drafter {
+    const char *name;
+    /* Up to k tokens that would follow seq[0..n) (the prompt and every token decided so far; the
+     * last one the target has not run yet). Returns how many (0: no guess now). *q gets the
+     * drafter's distribution of each [count][vocab] when the guesses were sampled from one, or
+     * NULL when they are plain guesses (probability 1 each). */
+    int (*propose)(drafter *d, const int32_t *seq, int n, int k, int32_t *out, const float **q, errbuf *err);
+    /* How the target ruled on the last proposal: the first `accepted` of `proposed` were kept. */
+    void (*feedback)(drafter *d, int proposed, int accepted);
+    /* The target layers whose taps (the AttnRes prefix leaving them) the drafter reads, and where
+     * they go: every pass of the target session hands them over (engine.h: session_set_tap_sink).
+     * n_taps 0: none. */
+    const int *taps;
+    int n_taps;
+    void (*on_taps)(void *d, int pos0, int T, const float *taps);
+    void (*reset)(drafter *d);
+    void (*free)(drafter *d);
+};
+
+/* What generate.c needs to know of the request to make a drafter for it. */
+typedef struct draft_ctx {
+    engine *target;
+    int context;              /* positions the target's session holds: state is reserved for them up
+                                 front (within reason), so a decode step allocates nothing (0: grown
+                                 on demand) */
+    const json_t *messages;   /* a chat request (the Qwen drafter renders it in its own format), or NULL */
+    int thinking;             /* the chat's prompt opened the thinking channel */
+} draft_ctx;
+
+int draft_ngram_new(const draft_ctx *c, drafter **out, errbuf *err);
+/* dir: a Qwen3 model folder with tokenizer.json */
+int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *err);
+/* dir: a k3_dspark folder (its tensors only: embedding and lm_head are the target's) */
+int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *err);
+
+/* The Qwen drafter's bridge back to the target's tokens: text[0..len) is the bytes of the target's
+ * tokens tail[0..have) followed by the draft's text. Up to k whole target tokens that the draft's
+ * text adds after the tail into out: the re-encoding must begin with the tail, and every token
+ * proposed ends inside tok_stable_len's prefix, so no continuation of the text re-tokenizes it.
+ * Returns the count (0: no guess), -1 on error. scratch: the caller's, reused. */
+int draft_bridge(const tok *tt, const int32_t *tail, int have, const char *text, size_t len, int k, tok_ids *scratch,
+                 int32_t *out, errbuf *err);
+
+/* The DSpark drafter's whole block for seq[0..n) (its taps handed over by the target session):
+ * the block's drafts into ids and their logits [block_size][vocab] (U_k plus the Markov bias of the
+ * chain), for checking the engine against the drafter's training code. Returns block_size, 0
+ * without context. */
+int draft_dspark_logits(drafter *d, const int32_t *seq, int n, float *logits, int32_t *ids, errbuf *err);
+
+#endif
