@@ -106,6 +106,49 @@ static void sync_case(const char *name)
     model_free(&m);
 }
 
+/* A sync back to where an earlier sync ended (a regenerated reply, another sample of the same
+ * prompt) restores that checkpoint's state and logits: no pass runs, and the logits are a cold
+ * run's bits. */
+static void sync_back_case(const char *name)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
+    int V = m.hp.vocab;
+    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+    CHECKF(e, "%s", err.msg);
+    session_opts so;
+    session_opts_default(&so);
+    so.context = 64;
+    so.max_pass = 8;
+    session *s = NULL;
+    CHECK(session_new(e, &so, &s, &err) == 0);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = (int32_t)((i * 37 + 5) % V);
+    float *cold = cold_last(&m, ids, 20, &err);
+    CHECKF(cold, "%s", err.msg);
+    CHECK(session_sync(s, ids, 20, &err) == 0 && session_sync(s, ids, 24, &err) == 0); /* on past it */
+    session_stats a, b;
+    session_stats_get(s, &a);
+    CHECK(session_sync(s, ids, 20, &err) == 0);
+    session_stats_get(s, &b);
+    const float *lg = session_last_logits(s);
+    size_t rec;
+    session_recurrent(s, &rec);
+    CHECKF(rec == 0 || b.positions_run == a.positions_run, "%s: %llu positions run to come back", name,
+           (unsigned long long)(b.positions_run - a.positions_run));
+    CHECKF(lg && !memcmp(lg, cold, sizeof(float) * (size_t)V), "%s: the logits back at 20 are not a cold run's", name);
+    free(cold);
+    session_free(s);
+    engine_free(e);
+    model_free(&m);
+}
+
+TEST(session_sync_back_runs_nothing_kimi_k3) { sync_back_case("kimi_k3-b"); }
+TEST(session_sync_back_runs_nothing_kimi_linear) { sync_back_case("kimi_linear-a"); }
+TEST(session_sync_back_runs_nothing_qwen3) { sync_back_case("qwen3-a"); }
+
 TEST(session_sync_kimi_k3) { sync_case("kimi_k3-b"); }
 TEST(session_sync_kimi_linear) { sync_case("kimi_linear-a"); }
 TEST(session_sync_deepseek) { sync_case("deepseek_v3-a"); }
