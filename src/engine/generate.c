@@ -15,62 +15,95 @@ typedef struct econ {
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
     double acc[GEN_MAX_DRAFTERS][GEN_MAX_DRAFT]; /* EMA of keeping the guess at block position j, given the ones before */
+    int ruled[GEN_MAX_DRAFTERS][GEN_MAX_DRAFT];  /* guesses at position j ruled on */
     double propose_s[GEN_MAX_DRAFTERS];
-    int tries[GEN_MAX_DRAFTERS];
-    int since_probe;
+    int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
+    int turn;                          /* the next drafter to warm up */
+    int since_probe, probe_every;
 } econ;
 
-enum { ECON_WARMUP = 4 };          /* steps each drafter drafts before its estimate is trusted */
+/* Warm-up: each drafter drafts one guess (the cheapest verify) until ECON_WARMUP steps had guesses
+ * from it, or it was asked ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram
+ * one on new text, costs nothing when it has none). */
+enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };
 static const double EMA = 0.25;    /* weight of a new measurement */
-static const double ACC_PRIOR = 0.5, COMPUTE_PER_POS = 0.15;
+static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
-/* the time of a pass of T positions: measured, or the one-position pass scaled (generate.h) */
+/* a pass of T positions relative to one, by the model of generate.h: compute grows slowly with T,
+ * reads with the union of the experts the positions route to */
+static double shape(const econ *e, int T)
+{
+    return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
+}
+
+/* the time of a pass of T positions: measured, or the largest measured smaller one scaled by the
+ * model (it carries the routing locality and cache hits the model does not know) */
 static double pass_cost(const econ *e, int T)
 {
     if (e->pass_s[T] > 0)
         return e->pass_s[T];
-    double t1 = e->pass_s[1] > 0 ? e->pass_s[1] : 1e-3;
-    return t1 * ((1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T]);
+    for (int t = T - 1; t >= 1; t--)
+        if (e->pass_s[t] > 0)
+            return e->pass_s[t] * shape(e, T) / shape(e, t);
+    return 1e-3 * shape(e, T);
 }
 
-/* expected tokens of a step of drafter d with k guesses */
+/* expected tokens of a step of drafter d with k guesses; a position never ruled on is taken as a
+ * little less likely than the one before it */
 static double expected(const econ *e, int d, int k)
 {
-    double E = 1, run = 1;
+    double E = 1, run = 1, a = ACC_PRIOR;
     for (int j = 0; j < k; j++) {
-        run *= e->acc[d][j];
+        a = e->ruled[d][j] ? e->acc[d][j] : j ? a * ACC_DECAY : ACC_PRIOR;
+        run *= a;
         E += run;
     }
     return E;
 }
 
-/* The drafter (-1: none) and k with the best tokens per second. */
-static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k, double *predicted)
+/* the k <= kmax (0: none) with the most tokens per second for drafter d, proposing costing `extra` */
+static int best_k(const econ *e, int d, int kmax, double extra, double *rate)
 {
-    double best = 1.0 / pass_cost(e, 1);
-    *best_d = -1;
-    *best_k = 0;
-    *predicted = pass_cost(e, 1);
-    for (int d = 0; d < nd; d++) {
-        if (e->tries[d] < ECON_WARMUP) { /* not measured yet: try it, half the block */
-            *best_d = d;
-            *best_k = kmax > 1 ? (kmax + 1) / 2 : kmax;
-            *predicted = pass_cost(e, *best_k + 1) + e->propose_s[d];
-            return;
-        }
-        for (int k = 1; k <= kmax; k++) {
-            double c = pass_cost(e, k + 1) + e->propose_s[d], r = expected(e, d, k) / c;
-            if (r > best) {
-                best = r;
-                *best_d = d;
-                *best_k = k;
-                *predicted = c;
-            }
+    int best = 0;
+    *rate = 1.0 / pass_cost(e, 1);
+    for (int k = 1; k <= kmax; k++) {
+        double r = expected(e, d, k) / (pass_cost(e, k + 1) + extra);
+        if (r > *rate) {
+            *rate = r;
+            best = k;
         }
     }
-    if (*best_d < 0 && nd > 0 && ++e->since_probe >= GEN_PROBE_EVERY) { /* keep a drafter's acceptance measured */
+    return best;
+}
+
+/* The drafter (-1: none) and k of this step. *probe: a probe of a drafter that does not pay. */
+static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int *probe)
+{
+    *best_d = -1;
+    *best_k_out = 0;
+    *probe = 0;
+    for (int i = 0; i < nd; i++) { /* warm-up, in turn */
+        int d = (e->turn + i) % nd;
+        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS) {
+            e->turn = d + 1;
+            *best_d = d;
+            *best_k_out = 1;
+            return;
+        }
+    }
+    double best = 1.0 / pass_cost(e, 1);
+    for (int d = 0; d < nd; d++) {
+        double r;
+        int k = best_k(e, d, kmax, e->propose_s[d], &r);
+        if (k > 0 && r > best) {
+            best = r;
+            *best_d = d;
+            *best_k_out = k;
+        }
+    }
+    if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured */
         e->since_probe = 0;
         double top = -1;
         for (int d = 0; d < nd; d++)
@@ -78,8 +111,8 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k, double *
                 top = e->acc[d][0];
                 *best_d = d;
             }
-        *best_k = kmax < 2 ? kmax : 2;
-        *predicted = pass_cost(e, *best_k + 1) + e->propose_s[*best_d];
+        *best_k_out = 1;
+        *probe = 1;
     }
 }
 
@@ -167,7 +200,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
         return 0;
     const int V = s->hp->vocab;
     int32_t *seq = NULL, drafts[GEN_MAX_DRAFT + 1];
-    int seq_cap = 0, rc = 0;
+    int seq_cap = 0, seq_have = 0, rc = 0;
     econ ec;
     memset(&ec, 0, sizeof ec);
     const struct store *sto = s->e->store;
@@ -179,6 +212,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     for (int d = 0; d < nd; d++)
         for (int j = 0; j < GEN_MAX_DRAFT; j++)
             ec.acc[d][j] = ACC_PRIOR;
+    ec.probe_every = GEN_PROBE_EVERY;
     if (nd > 0) {
         seq_cap = session_context(s) + 1;
         if (!(seq = malloc(sizeof *seq * (size_t)seq_cap)))
@@ -192,12 +226,13 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     while (!stop) {
         int d, k;
         double predicted;
+        int probe = 0, warm = 0;
         if (rq->fixed && nd > 0) {
             d = (int)(st->passes % (uint64_t)nd);
             k = kmax;
-            predicted = pass_cost(&ec, k + 1);
         } else {
-            choose(&ec, nd, kmax, &d, &k, &predicted);
+            choose(&ec, nd, kmax, &d, &k, &probe);
+            warm = d >= 0 && ec.guessed[d] < ECON_WARMUP;
         }
         /* no guess past the session's room or past what the request still wants (a step emits at
          * most its guesses and one more) */
@@ -218,7 +253,9 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
                 seq = ns;
                 seq_cap = nc;
             }
-            memcpy(seq, session_tokens(s), sizeof *seq * (size_t)(n - 1));
+            /* the decided tokens never change: copy only those new since the last step */
+            memcpy(seq + seq_have, session_tokens(s) + seq_have, sizeof *seq * (size_t)(n - 1 - seq_have));
+            seq_have = n - 1;
             seq[n - 1] = anchor;
             double tp = timer_now();
             m = rq->drafters[d]->propose(rq->drafters[d], seq, n, k, drafts + 1, &q, err);
@@ -229,8 +266,14 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             }
             ema(&ec.propose_s[d], dt);
             st->draft[d].propose_s += dt;
-            ec.tries[d]++;
+            ec.asked[d]++;
+            ec.guessed[d] += m > 0;
+            if (m > 0 && !rq->fixed && !warm && !probe) { /* fewer guesses than asked: are they worth a pass? */
+                double r;
+                m = best_k(&ec, d, m, 0.0, &r);
+            }
         }
+        predicted = pass_cost(&ec, m + 1) + (d >= 0 && k > 0 ? ec.propose_s[d] : 0.0);
         drafts[0] = anchor;
         int T = m + 1;
         double stall0 = store_stall(s), tp = timer_now();
@@ -254,13 +297,18 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             const float *row = session_logits(s, j);
             int ok = rule(sm, row, drafts[1 + j], q ? q + (size_t)j * V : NULL, base + 1 + j, &next);
             st->draft[d].by_pos_tried[j]++;
-            ec.acc[d][j] = (1 - EMA) * ec.acc[d][j] + EMA * ok;
+            double w = 1.0 / (++ec.ruled[d][j] + 1); /* a running mean with the prior as one sample, then the EMA */
+            w = w > EMA ? w : EMA;
+            ec.acc[d][j] = (1 - w) * ec.acc[d][j] + w * ok;
             if (!ok)
                 break;
             st->draft[d].by_pos_kept[j]++;
             kept++;
             stop = emit(&em, drafts[1 + j], base + 1 + j, row);
         }
+        if (probe && m > 0) /* a probe that found guesses kept comes back soon, else ever later */
+            ec.probe_every = kept ? GEN_PROBE_EVERY
+                                  : (ec.probe_every * 2 < ECON_PROBE_MAX ? ec.probe_every * 2 : ECON_PROBE_MAX);
         if (d >= 0 && m > 0) {
             st->draft[d].steps++;
             st->draft[d].proposed += (uint64_t)m;

@@ -12,13 +12,16 @@
  * logits of every emitted position, is bit for bit a plain decode's.
  *
  * Economics: expected tokens of a step with k guesses, E(k) = 1 + sum_i prod_{j<=i} a_j, from the
- * acceptance a_j measured per drafter and per position in the block; its cost, the time of a pass
- * of k + 1 positions (measured per size; before a size is measured, the pass of one position
- * scaled by the union of the experts k + 1 positions read, for the part of it spent waiting on
- * reads, and by a small per-position compute term for the rest) plus the drafter's own time. The
- * step takes the drafter and k with the best E(k) / cost; when no drafter beats plain decode it
- * decodes plainly, and only probes a drafter now and then (every GEN_PROBE_EVERY steps) so its
- * acceptance stays measured.
+ * acceptance a_j measured per drafter and per position in the block (a position not yet ruled on
+ * is taken as a little less likely than the one before); its cost, the measured time of a pass of
+ * k + 1 positions, or, before that size ran, the largest smaller size measured scaled by a model
+ * (the part spent waiting on reads grows with the union of the experts the positions route to,
+ * uniform routing, the rest by a small per-position compute term), plus the drafter's own time.
+ * The step takes the drafter and k with the best E(k) / cost; a drafter that returns fewer guesses
+ * than asked has them verified only as far as that still pays. Each drafter first warms up on one
+ * guess a step (the cheapest verify) for ECON_WARMUP steps that had guesses; when no drafter beats
+ * plain decode it decodes plainly, probing the likeliest drafter with one guess every
+ * GEN_PROBE_EVERY steps, twice as seldom after each probe that kept nothing.
  */
 #ifndef DF_ENGINE_GENERATE_H
 #define DF_ENGINE_GENERATE_H

@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 end += l;
             }
             if (tok_encode(t, text, n, TOK_SPECIAL_NONE, &full, &err) == 0 &&
-                (full.n < tail.n + (size_t)m || memcmp(full.v, tail.v, sizeof(int32_t) * tail.n) ||
+                (full.n < tail.n + (size_t)m || (tail.n && memcmp(full.v, tail.v, sizeof(int32_t) * tail.n)) ||
                  memcmp(full.v + tail.n, out, sizeof(int32_t) * (size_t)m)))
                 abort(); /* what followed re-tokenized a proposal */
         }

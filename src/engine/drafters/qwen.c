@@ -30,6 +30,9 @@ typedef struct qwen {
     const tok *tt, *qt;          /* the target's and the drafter's tokenizers */
     session *qs;
     tok_ids qids, tail, chat;    /* the drafter's prompt; a re-encoding; the chat prefix in its format */
+    tok_ids cov;                 /* the target tokens seq[enc_base..) the kept encoding was made from */
+    int enc_base;
+    size_t enc_bytes, enc_n;     /* of their text, the stable bytes and their Qwen tokens (in qids) */
     char *text;                  /* bytes of target tokens */
     size_t text_cap;
     int chat_mode;
@@ -68,16 +71,41 @@ static int qw_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out
         run--;
     if (n - run < 1)
         return 0;
-    /* the drafter's prompt: the chat in its format + the run, or all the text */
+    /* the drafter's prompt: the chat in its format + the run, or all the text; the Qwen tokens of
+     * the text's stable prefix (tok_stable_len) are kept from the last step when the text still
+     * begins with the target tokens they came from */
+    int from_tok = q->chat_mode ? run : 0;
+    if (from_tok != q->enc_base || (int)q->cov.n > n - from_tok ||
+        (q->cov.n > 0 && memcmp(q->cov.v, seq + from_tok, sizeof(int32_t) * q->cov.n) != 0)) {
+        q->enc_base = from_tok;
+        q->enc_bytes = q->enc_n = q->cov.n = 0;
+    }
     q->qids.n = 0;
     if (q->chat_mode) {
         for (size_t i = 0; i < q->chat.n; i++)
             if (tok_ids_push(&q->qids, q->chat.v[i]))
                 return errbuf_set(err, "Qwen drafter: out of memory");
     }
-    long len = bytes_of(q, seq, q->chat_mode ? run : 0, n);
-    if (len < 0 || tok_encode(q->qt, q->text, (size_t)len, TOK_SPECIAL_NONE, &q->qids, err) != 0)
+    q->qids.n += q->enc_n; /* still there from the last step */
+    long len = bytes_of(q, seq, from_tok, n);
+    size_t from = q->qids.n, stable;
+    if (len < 0 || tok_encode(q->qt, q->text + q->enc_bytes, (size_t)len - q->enc_bytes, TOK_SPECIAL_NONE, &q->qids,
+                              err) != 0)
         return len < 0 ? errbuf_set(err, "Qwen drafter: out of memory") : -1;
+    if (tok_stable_len(q->qt, q->text + q->enc_bytes, (size_t)len - q->enc_bytes, &stable, err) != 0)
+        return -1;
+    for (size_t i = from, at = 0; i < q->qids.n && at < stable; i++) { /* its tokens: final from now on */
+        size_t l;
+        tok_token_bytes(q->qt, q->qids.v[i], &l);
+        if ((at += l) > stable)
+            break;
+        q->enc_n++;
+        q->enc_bytes += l;
+    }
+    q->cov.n = 0;
+    for (int i = from_tok; i < n; i++)
+        if (tok_ids_push(&q->cov, seq[i]))
+            return errbuf_set(err, "Qwen drafter: out of memory");
     if (q->qids.n < 1 || (int)q->qids.n + k + QW_EXTRA > session_context(q->qs))
         return 0;
     if (session_sync(q->qs, q->qids.v, (int)q->qids.n, err) != 0)
@@ -135,7 +163,7 @@ int draft_bridge(const tok *tt, const int32_t *tail, int have, const char *text,
     scratch->n = 0;
     if (tok_stable_len(tt, text, len, &stable, err) != 0 || tok_encode(tt, text, len, TOK_SPECIAL_NONE, scratch, err))
         return -1;
-    if ((int)scratch->n <= have || memcmp(scratch->v, tail, sizeof(int32_t) * (size_t)have) != 0)
+    if ((int)scratch->n <= have || (have > 0 && memcmp(scratch->v, tail, sizeof(int32_t) * (size_t)have) != 0))
         return 0; /* the text re-tokenizes differently around the join: no guess this step */
     size_t at = 0;
     for (int i = 0; i < have; i++) {
@@ -162,7 +190,12 @@ static void qw_feedback(drafter *d, int proposed, int accepted)
     (void)accepted;
 }
 
-static void qw_reset(drafter *d) { session_reset(((qwen *)d)->qs); }
+static void qw_reset(drafter *d)
+{
+    qwen *q = (qwen *)d;
+    session_reset(q->qs);
+    q->enc_bytes = q->enc_n = q->cov.n = 0;
+}
 
 static void qw_free(drafter *d)
 {
@@ -174,6 +207,7 @@ static void qw_free(drafter *d)
     tok_ids_free(&q->qids);
     tok_ids_free(&q->tail);
     tok_ids_free(&q->chat);
+    tok_ids_free(&q->cov);
     free(q->text);
     free(q);
 }
