@@ -25,6 +25,17 @@
 #include "kernels/kern.h"
 #include "model/blk.h"
 
+/* floats one position of an attention layer of this kind caches (ATTN_MLA: latent + key rope
+ * part; ATTN_GQA: k and v; others none) */
+static inline size_t engine_cache_width(const hparams *hp, int kind)
+{
+    if (kind == ATTN_MLA)
+        return (size_t)hp->kv_lora_rank + hp->qk_rope;
+    if (kind == ATTN_GQA)
+        return 2 * (size_t)hp->n_kv_heads * hp->head_dim;
+    return 0;
+}
+
 struct engine {
     model own;              /* the model engine_open loaded (unused by engine_wrap) */
     const model *m;

@@ -14,15 +14,6 @@
 
 #include "engine/engine_int.h"
 
-static size_t cache_width(const hparams *hp, int kind)
-{
-    if (kind == ATTN_MLA)
-        return (size_t)hp->kv_lora_rank + hp->qk_rope;
-    if (kind == ATTN_GQA)
-        return 2 * (size_t)hp->n_kv_heads * hp->head_dim;
-    return 0;
-}
-
 static int n_stack_max(const hparams *hp)
 {
     return hp->attnres_block > 0 ? (hp->n_layers + hp->attnres_block - 1) / hp->attnres_block : 0;
@@ -54,7 +45,7 @@ size_t pass_floats(const model *m, int T)
     if (has_kda)
         per += 8 * P + 2 * rmax + (size_t)hp->kda_heads + 1;
     if (has_mla)
-        per += (size_t)hp->n_heads * (hp->qk_nope + hp->qk_rope) + cache_width(hp, ATTN_MLA) +
+        per += (size_t)hp->n_heads * (hp->qk_nope + hp->qk_rope) + engine_cache_width(hp, ATTN_MLA) +
                2 * (size_t)hp->n_heads * hp->v_head + (size_t)hp->q_lora_rank;
     if (has_gqa)
         per += 4 * (size_t)hp->n_heads * hp->head_dim;

@@ -55,30 +55,15 @@ static int before(const struct sampler_cand *x, const struct sampler_cand *y)
     return x->p > y->p || (x->p == y->p && x->id < y->id);
 }
 
-static void sift(struct sampler_cand *c, int n, int i)
+/* A heap whose root is the candidate that sorts last (first = 0: to keep the top-k) or first
+ * (first = 1: to take candidates off in order). */
+static void sift(struct sampler_cand *c, int n, int i, int first)
 {
-    for (;;) { /* a heap whose root is the candidate that sorts last */
+    for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && before(&c[m], &c[l]))
+        if (l < n && (first ? before(&c[l], &c[m]) : before(&c[m], &c[l])))
             m = l;
-        if (r < n && before(&c[m], &c[r]))
-            m = r;
-        if (m == i)
-            return;
-        struct sampler_cand t = c[i];
-        c[i] = c[m];
-        c[m] = t;
-        i = m;
-    }
-}
-
-static void sift_first(struct sampler_cand *c, int n, int i)
-{
-    for (;;) { /* a heap whose root is the candidate that sorts first */
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && before(&c[l], &c[m]))
-            m = l;
-        if (r < n && before(&c[r], &c[m]))
+        if (r < n && (first ? before(&c[r], &c[m]) : before(&c[m], &c[r])))
             m = r;
         if (m == i)
             return;
@@ -95,7 +80,7 @@ static void sift_first(struct sampler_cand *c, int n, int i)
 static int nucleus(struct sampler_cand *c, int n, double top_p)
 {
     for (int i = n / 2 - 1; i >= 0; i--)
-        sift_first(c, n, i);
+        sift(c, n, i, 1);
     double cum = 0.0;
     int m = 0;
     while (m < n) { /* the next in order goes to c[n - 1 - m] */
@@ -103,7 +88,7 @@ static int nucleus(struct sampler_cand *c, int n, double top_p)
         struct sampler_cand t = c[0];
         c[0] = c[e];
         c[e] = t;
-        sift_first(c, e, 0);
+        sift(c, e, 0, 1);
         m++;
         cum += t.p;
         if (cum >= top_p)
@@ -122,12 +107,12 @@ static int nucleus(struct sampler_cand *c, int n, double top_p)
 static void sort_cands(struct sampler_cand *c, int n)
 {
     for (int i = n / 2 - 1; i >= 0; i--)
-        sift(c, n, i);
+        sift(c, n, i, 0);
     for (int e = n - 1; e > 0; e--) {
         struct sampler_cand t = c[0];
         c[0] = c[e];
         c[e] = t;
-        sift(c, e, 0);
+        sift(c, e, 0, 0);
     }
 }
 
@@ -178,11 +163,11 @@ int sampler_dist(sampler *s, const float *logits)
         if (s->cfg.top_k > 0 && n > s->cfg.top_k) { /* keep the top-k with a heap of k, then sort them */
             int k = s->cfg.top_k;
             for (int i = k / 2 - 1; i >= 0; i--)
-                sift(s->cand, k, i);
+                sift(s->cand, k, i, 0);
             for (int i = k; i < n; i++)
                 if (before(&s->cand[i], &s->cand[0])) {
                     s->cand[0] = s->cand[i];
-                    sift(s->cand, k, 0);
+                    sift(s->cand, k, 0, 0);
                 }
             n = k;
         }

@@ -32,15 +32,6 @@ static size_t kda_floats(const hparams *hp)
     return (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim + 3 * (size_t)(hp->conv_k - 1) * P;
 }
 
-static size_t cache_width(const hparams *hp, int kind)
-{
-    if (kind == ATTN_MLA)
-        return (size_t)hp->kv_lora_rank + hp->qk_rope;
-    if (kind == ATTN_GQA)
-        return 2 * (size_t)hp->n_kv_heads * hp->head_dim;
-    return 0;
-}
-
 static float *alloc_floats(size_t n)
 {
     void *p = NULL;
@@ -177,7 +168,7 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
             s->n_kda++;
         } else {
             s->chunk_off[i] = s->chunk_floats;
-            s->chunk_floats += cache_width(hp, hp->attn_kind[i]) * BLK_KV_CHUNK;
+            s->chunk_floats += engine_cache_width(hp, hp->attn_kind[i]) * BLK_KV_CHUNK;
         }
     }
     s->log_floats = s->n_kda ? blk_kda_log_floats(hp) : 0;

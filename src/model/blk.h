@@ -117,6 +117,12 @@ size_t blk_kda_log_floats(const hparams *hp);
  * gate constants). */
 int blk_kda_replay(const blk *b, const kda_w *w, layer_state *st, const float *log, int n);
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
+/* One head's absorbed MLA attention for one query (blk_mla.c): qh [nope + rope]; wk [nope][r] and
+ * wv [v_head][r], the head's rows of kv_b_proj decoded; the n latent rows [r + rope] row(ud, s),
+ * visited in order s = 0 .. n-1; out oh [v_head]. scratch: [2 r + n] floats. */
+typedef const float *(*blk_row_fn)(const void *ud, int s);
+void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const float *qh, const float *wk,
+                   const float *wv, int n, blk_row_fn row, const void *ud, float *scratch, float *oh);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
 /* w: layer `layer`'s MoE weights (its routed experts come from b->xs when there is one) */

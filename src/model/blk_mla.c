@@ -10,9 +10,39 @@
  * o_proj. Heads run in parallel; keys are visited in position order, so a query's result does
  * not depend on how the prompt was chunked.
  */
+#include <math.h>
 #include <string.h>
 
 #include "model/blk.h"
+
+void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const float *qh, const float *wk,
+                   const float *wv, int n, blk_row_fn row, const void *ud, float *scratch, float *oh)
+{
+    int nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
+    float *qa = scratch, *ol = qa + r, *sc = ol + r;
+    for (int i = 0; i < r; i++)
+        qa[i] = 0.0f;
+    for (int d = 0; d < nope; d++)
+        k->axpy(qa, wk + (size_t)d * r, qh[d], r);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int s = 0; s < n; s++) {
+        const float *cs = row(ud, s);
+        float v = k->dot(qa, cs, r);
+        if (rope)
+            v += k->dot(qh + nope, cs + r, rope);
+        sc[s] = v * scale;
+        mx = sc[s] > mx ? sc[s] : mx;
+    }
+    k->exp_sub(sc, n, mx);
+    for (int s = 0; s < n; s++)
+        sum += sc[s];
+    for (int i = 0; i < r; i++)
+        ol[i] = 0.0f;
+    for (int s = 0; s < n; s++)
+        k->axpy(ol, row(ud, s), sc[s] / sum, r);
+    for (int e = 0; e < vd; e++)
+        oh[e] = k->dot(wv + (size_t)e * r, ol, r);
+}
 
 struct mla_job {
     const blk *b;
@@ -23,48 +53,34 @@ struct mla_job {
     int T, pos0;
 };
 
+struct kv_rows {
+    const layer_state *st;
+    size_t width;
+};
+
+static const float *kv_row(const void *ud, int s)
+{
+    const struct kv_rows *c = ud;
+    return blk_kv_row(c->st, s, c->width);
+}
+
 static void mla_heads(void *ctx, int h0, int h1, int tid)
 {
     struct mla_job *j = ctx;
     const hparams *hp = j->b->hp;
     const kern_ops *k = j->b->k;
-    int nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head, W = r + rope;
-    int qd = nope + rope;
-    float *wk = pool_scratch(j->b->pool, tid);           /* [nope][r] */
-    float *wv = wk + (size_t)nope * r;                    /* [vd][r] */
-    float *qa = wv + (size_t)vd * r, *ol = qa + r;         /* [r], [r] */
-    float *sc = ol + r;                                   /* [pos0 + T] scores */
+    int nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
+    float *wk = pool_scratch(j->b->pool, tid); /* [nope][r] */
+    float *wv = wk + (size_t)nope * r;         /* [vd][r] */
+    float *sc = wv + (size_t)vd * r;           /* blk_mla_query's: [2 r + pos0 + T] */
+    struct kv_rows rows = {j->st, (size_t)r + rope};
     for (int h = h0; h < h1; h++) {
         int row = h * (nope + vd);
         k->decode_rows(&j->w->kv_b, row, row + nope, wk);
         k->decode_rows(&j->w->kv_b, row + nope, row + nope + vd, wv);
-        for (int t = 0; t < j->T; t++) {
-            const float *qh = j->q + ((size_t)t * hp->n_heads + h) * qd;
-            for (int i = 0; i < r; i++)
-                qa[i] = 0.0f;
-            for (int d = 0; d < nope; d++)
-                k->axpy(qa, wk + (size_t)d * r, qh[d], r);
-            int n = j->pos0 + t + 1;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n; s++) {
-                const float *cs = blk_kv_row(j->st, s, (size_t)W);
-                float v = k->dot(qa, cs, r);
-                if (rope)
-                    v += k->dot(qh + nope, cs + r, rope);
-                sc[s] = v * hp->attn_scale;
-                mx = sc[s] > mx ? sc[s] : mx;
-            }
-            k->exp_sub(sc, n, mx);
-            for (int s = 0; s < n; s++)
-                sum += sc[s];
-            for (int i = 0; i < r; i++)
-                ol[i] = 0.0f;
-            for (int s = 0; s < n; s++)
-                k->axpy(ol, blk_kv_row(j->st, s, (size_t)W), sc[s] / sum, r);
-            float *oh = j->o + ((size_t)t * hp->n_heads + h) * vd;
-            for (int e = 0; e < vd; e++)
-                oh[e] = k->dot(wv + (size_t)e * r, ol, r);
-        }
+        for (int t = 0; t < j->T; t++)
+            blk_mla_query(k, hp, hp->attn_scale, j->q + ((size_t)t * hp->n_heads + h) * (nope + rope), wk, wv,
+                          j->pos0 + t + 1, kv_row, &rows, sc, j->o + ((size_t)t * hp->n_heads + h) * vd);
     }
 }
 

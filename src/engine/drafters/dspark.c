@@ -19,6 +19,7 @@
  * Context rows are indexed by position, so a verify pass kept in part needs nothing undone: the
  * rows past the kept positions are written again when the target next computes them.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,7 @@ typedef struct dspark {
     kmat mw1, mw2;               /* [V, R], [V, R] */
     ds_layer lay[DS_MAX_LAYERS];
     int cap;                     /* context rows allocated */
+    float *sc;                   /* [2 kv_lora + cap + K] attention scratch (blk_mla_query) */
     int have;                    /* positions 0..have-1 hold rows */
     arena ar;                    /* scratch of one step */
     float *U;                    /* [K][V] */
@@ -99,6 +101,10 @@ static int grow(dspark *x, int need, errbuf *err)
             return errbuf_set(err, "DSpark: out of memory for %d context positions", cap);
         x->lay[l].cache = c;
     }
+    float *sc = realloc(x->sc, sizeof(float) * (2 * (size_t)x->hp.kv_lora_rank + (size_t)cap + (size_t)x->K));
+    if (!sc)
+        return errbuf_set(err, "DSpark: out of memory for %d context positions", cap);
+    x->sc = sc;
     x->cap = cap;
     return 0;
 }
@@ -149,49 +155,41 @@ static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
     }
 }
 
+/* the rows a block attends to: the context rows t < p, then the block's own */
+struct ds_rows {
+    const float *cache, *kb;
+    int p;
+    size_t W;
+};
+
+static const float *ds_row(const void *ud, int s)
+{
+    const struct ds_rows *r = ud;
+    return s < r->p ? r->cache + (size_t)s * r->W : r->kb + (size_t)(s - r->p) * r->W;
+}
+
 /* One layer's attention for the K block rows q [K][nh][nope+rope] over the context rows t < p and
- * the block's own rows kb [K][kv_lora + rope], in absorbed form (docs/model.md, MLA): per head,
- * qa = Wk_hᵀ q_nope; score = (qa·c + q_pe·k_pe) scale; ol = Σ softmax c; o_h = Wv_h ol. */
-static int attend(dspark *x, blk *b, const ds_layer *ly, const float *q, const float *kb, int p, float *o,
-                  errbuf *err)
+ * the block's own rows kb [K][kv_lora + rope], in absorbed form (blk_mla_query): every block row
+ * sees every context row and every block row. */
+static int attend(dspark *x, const ds_layer *ly, const float *q, const float *kb, int p, float *o, errbuf *err)
 {
     const hparams *hp = &x->hp;
     const kern_ops *k = x->e->k;
-    int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head, W = r + rope;
+    int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
     int K = x->K, n = p + K;
     float *wk = scratch(x, (size_t)nope * r, err), *wv = scratch(x, (size_t)vd * r, err);
-    float *qa = scratch(x, (size_t)r, err), *ol = scratch(x, (size_t)r, err), *sc = scratch(x, (size_t)n, err);
-    if (!wk || !wv || !qa || !ol || !sc)
+    float *sc = x->sc; /* [2 r + cap + K]: grows with the context rows */
+    assert(n <= x->cap + K); /* ds_block drafts only within the rows it has */
+    if (!wk || !wv)
         return -1;
-    (void)b;
+    struct ds_rows rows = {ly->cache, kb, p, (size_t)r + rope};
     for (int h = 0; h < nh; h++) {
         int row = h * (nope + vd);
         k->decode_rows(&ly->kv_b, row, row + nope, wk);
         k->decode_rows(&ly->kv_b, row + nope, row + nope + vd, wv);
-        for (int t = 0; t < K; t++) {
-            const float *qh = q + ((size_t)t * nh + h) * (nope + rope);
-            for (int i = 0; i < r; i++)
-                qa[i] = 0.0f;
-            for (int dd = 0; dd < nope; dd++)
-                k->axpy(qa, wk + (size_t)dd * r, qh[dd], r);
-            float mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n; s++) { /* the context in position order, then the block */
-                const float *cs = s < p ? ly->cache + (size_t)s * W : kb + (size_t)(s - p) * W;
-                float v = k->dot(qa, cs, r) + k->dot(qh + nope, cs + r, rope);
-                sc[s] = v * x->scale;
-                mx = sc[s] > mx ? sc[s] : mx;
-            }
-            k->exp_sub(sc, n, mx);
-            for (int s = 0; s < n; s++)
-                sum += sc[s];
-            for (int i = 0; i < r; i++)
-                ol[i] = 0.0f;
-            for (int s = 0; s < n; s++)
-                k->axpy(ol, s < p ? ly->cache + (size_t)s * W : kb + (size_t)(s - p) * W, sc[s] / sum, r);
-            float *oh = o + ((size_t)t * nh + h) * vd;
-            for (int e = 0; e < vd; e++)
-                oh[e] = k->dot(wv + (size_t)e * r, ol, r);
-        }
+        for (int t = 0; t < K; t++)
+            blk_mla_query(k, hp, x->scale, q + ((size_t)t * nh + h) * (nope + rope), wk, wv, n, ds_row, &rows, sc,
+                          o + ((size_t)t * nh + h) * vd);
     }
     return 0;
 }
@@ -233,7 +231,7 @@ static int ds_block(dspark *x, const int32_t *seq, int n, int k, int32_t *out, f
                 blk_rope_apply(hp, qq + ((size_t)t * nh + hh) * qd + hp->qk_nope, cs);
         }
         kv_rows(x, &b, ly, y, K, p, kb, cs);
-        if (attend(x, &b, ly, qq, kb, p, o, err) != 0)
+        if (attend(x, ly, qq, kb, p, o, err) != 0)
             goto out;
         blk_matmul(&b, &ly->o, o, K, a);
         for (size_t i = 0; i < (size_t)K * H; i++)
@@ -295,6 +293,7 @@ static void ds_free(drafter *d)
     for (int l = 0; l < x->L; l++)
         free(x->lay[l].cache);
     free(x->U);
+    free(x->sc);
     arena_free(&x->ar);
     model_free(&x->m);
     free(x);
@@ -435,7 +434,7 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
     size_t nh = (size_t)x->hp.n_heads, qd = (size_t)x->hp.qk_nope + x->hp.qk_rope;
     size_t step = K * (3 * H + (size_t)x->hp.q_lora_rank + nh * qd + W + nh * (size_t)x->hp.v_head + 2 * (size_t)x->inter) +
                   (size_t)x->hp.qk_nope * x->hp.kv_lora_rank + (size_t)x->hp.v_head * x->hp.kv_lora_rank +
-                  2 * (size_t)x->hp.kv_lora_rank + (size_t)x->vocab + (size_t)x->R + (size_t)x->hp.rope_dim;
+                  (size_t)x->vocab + (size_t)x->R + (size_t)x->hp.rope_dim;
     size_t taps = DS_TAP_CHUNK * ((size_t)x->hp.hidden + (size_t)x->hp.rope_dim); /* context rows of a chunk */
     x->U = malloc(sizeof(float) * K * (size_t)x->vocab);
     if (!x->U || arena_init(&x->ar, (step + taps + 64 * 32) * sizeof(float) + (1u << 20)) != 0) {
