@@ -5,12 +5,13 @@
  *   - session_commit(n_keep) of a T = 8 pass leaves the next pass's logits and the whole recurrent
  *     state equal to those of a session that only ever ran the kept tokens, for every n_keep, both
  *     from the commit log and by recomputing a pass longer than the log;
- *   - taps are bit-identical whatever the chunking and thread count, and are what the pass uses
- *     (the logits follow from them);
+ *   - taps are bit-identical whatever the chunking and thread count, are what the pass uses
+ *     (the logits follow from them), and match Moonshot's code on the K3 cases within 1e-3;
  *   - sampling keyed by position gives the same ids whatever the prefill chunk, and the same ids
  *     again when every position is sampled from one pass over the whole sequence;
  *   - an engine driven from two threads at once refuses the second caller instead of racing.
  * On the K3, Kimi-Linear, DeepSeek-V3 and Qwen3 oracle cases (and the bundled model). */
+#include <jansson.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -317,6 +318,59 @@ TEST(session_taps_kimi_k3_attnres2) { taps_case(case_dir("kimi_k3-a")); }
 TEST(session_taps_kimi_linear) { taps_case(case_dir("kimi_linear-a")); }
 TEST(session_taps_qwen3) { taps_case(case_dir("qwen3-a")); }
 TEST(session_taps_default_model) { taps_case("models/default"); }
+
+/* The taps against Moonshot's own code: taps_pN.f32 in a K3 case ([n][layers][hidden], float32)
+ * are the prefixes its decoder layers return, in float64, for the case's prompts
+ * (tools/oracle/gen_k3_taps.py); each position and layer within 1e-3 relative (L2, as the
+ * oracle's logits). The case's logits are checked against that same run when the taps are made. */
+static void taps_moonshot_case(const char *name)
+{
+    errbuf err;
+    model m;
+    char path[4096];
+    const char *dir = case_dir(name);
+    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/taps.json", dir);
+    json_t *meta = json_load_file(path, 0, NULL), *prompts = json_object_get(meta, "prompts");
+    CHECKF(json_array_size(prompts) > 0, "%s: no reference taps", path);
+    int L = m.hp.n_layers, H = m.hp.hidden;
+    CHECKF(json_integer_value(json_object_get(meta, "layers")) == L &&
+               json_integer_value(json_object_get(meta, "hidden")) == H,
+           "%s: taps of another shape", path);
+    double worst = 0;
+    for (size_t pi = 0; pi < json_array_size(prompts) && !test_failed(); pi++) {
+        json_t *pr = json_array_get(prompts, pi), *jids = json_object_get(pr, "ids");
+        int n = (int)json_array_size(jids);
+        int32_t *ids = malloc(sizeof *ids * (size_t)n);
+        for (int i = 0; i < n; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(jids, (size_t)i));
+        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(pr, "taps_file")));
+        size_t nref = 0;
+        float *ref = tu_read_f32(path, &nref);
+        float *got = all_taps(&m, ids, n, n, 2, NULL, &err); /* [t][j] is layer L-1-j */
+        CHECKF(ref && nref == (size_t)n * L * H, "%s: missing or of the wrong size", path);
+        CHECKF(got, "%s: %s", name, err.msg);
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < L; i++) {
+                double e = tu_rel_err(got + ((size_t)t * L + (size_t)(L - 1 - i)) * H,
+                                      ref + ((size_t)t * L + (size_t)i) * H, (size_t)H);
+                worst = e > worst ? e : worst;
+                CHECKF(e <= 1e-3, "%s prompt %zu: layer %d's tap at position %d is %.2e from Moonshot's", name,
+                       pi, i, t, e);
+            }
+        free(got);
+        free(ref);
+        free(ids);
+    }
+    json_decref(meta);
+    model_free(&m);
+    printf("     taps   %-22s worst rel err %.1e against Moonshot's\n", name, worst);
+}
+
+TEST(session_taps_match_moonshot_kimi_k3_a) { taps_moonshot_case("kimi_k3-a"); }
+TEST(session_taps_match_moonshot_kimi_k3_b) { taps_moonshot_case("kimi_k3-b"); }
+TEST(session_taps_match_moonshot_kimi_k3_h) { taps_moonshot_case("kimi_k3-h"); }
+TEST(session_taps_match_moonshot_default_model) { taps_moonshot_case("default-k3"); }
 
 /* ids sampled at temperature 0.8 with seed 11 after `prompt`, the prompt synced in passes of chunk */
 static int sampled(engine *e, const int32_t *prompt, int n, int chunk, int32_t *out, int G, errbuf *err)

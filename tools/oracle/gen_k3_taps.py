@@ -1,34 +1,66 @@
 #!/usr/bin/env python3
-"""Reference taps for the K3 oracle cases, from Moonshot's own modeling code.
+"""Reference taps for K3 oracle cases, from Moonshot's own modeling code.
 
 A tap of layer i is the raw AttnRes running sum ("prefix") leaving decoder layer i (docs/model.md,
-"Block AttnRes"): what the engine's session_pass returns for taps. This script rebuilds each K3
-oracle case exactly as the shared generator made it (same seeds, same code: it imports that
-generator, it does not copy it), runs the case's prompts through Moonshot's KimiLinearForCausalLM
-in float64 with a forward hook on every decoder layer, and writes taps_pN.f32 ([n][layers][hidden],
-float32 little-endian) and taps.json beside a copy of the case's expected.json.
+"Block AttnRes"): what the engine's session_pass returns for taps. Moonshot's KimiDecoderLayer
+returns (prefix_sum, block_residual), so a forward hook on each decoder layer sees it directly.
+
+Each case folder is an oracle case as tests/data/oracle holds it (config.json, model.safetensors,
+expected.json, logits_pN.f32). Its weights are loaded into Moonshot's KimiLinearForCausalLM as the
+engine reads them (MXFP4 experts dequantized, the rest widened), the model runs in float64 on the
+CPU with a hook on every decoder layer, and the script writes OUTDIR/<case>/taps_pN.f32
+([n][layers][hidden], float32 little-endian) and taps.json. The case's own logits are recomputed
+on the way and compared with its logits_pN.f32, so a case the loader rebuilt wrongly is refused
+rather than given taps.
 
 Runs where torch + transformers exist (the GPU machine; it computes on the CPU):
 
-  gen_k3_taps.py SHARED_ORACLE_DIR K3_SOURCE_DIR OUTDIR CASESET
+  gen_k3_taps.py K3_SOURCE_DIR FLA_SHIM_DIR OUTDIR CASE_DIR...
 
-SHARED_ORACLE_DIR holds gen_k3_oracle.py and fla_shim/; K3_SOURCE_DIR holds Moonshot's
-config.json, configuration_kimi_k3.py and modeling_kimi_linear.py (never committed). The cases'
-taps are then copied into tests/data/oracle/<case>/ (the archives) for tests/test_session.c.
+K3_SOURCE_DIR holds Moonshot's configuration_kimi_k3.py and modeling_kimi_linear.py (never
+committed); FLA_SHIM_DIR is the pure-PyTorch fla stand-in the oracle generators use. The loader is
+tools/train/oracle.py's. The taps are then added to the cases' archives in tests/data/oracle/ for
+tests/test_session.c (session_taps_match_moonshot_*).
 """
-import importlib.util
 import json
 import os
 import sys
 
+import numpy as np
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
+import oracle  # noqa: E402  (tools/train/oracle.py: Moonshot's modules as a package)
+import k3model  # noqa: E402
+from stio import st_load  # noqa: E402
 
-def load_generator(shared):
-    spec = importlib.util.spec_from_file_location("gen_k3_oracle", os.path.join(shared, "gen_k3_oracle.py"))
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    return gen
+
+def load_case(conf, mod, case):
+    """Moonshot's model holding the case's weights, float64."""
+    top = json.load(open(os.path.join(case, "config.json")))
+    text = top["text_config"]
+    keep = {k: v for k, v in text.items() if k not in ("architectures", "auto_map", "_name_or_path", "dtype",
+                                                        "transformers_version", "model_type")}
+    cfg = conf.KimiLinearConfig(**keep)
+    model = mod.KimiLinearForCausalLM(cfg).eval()
+    for m in model.modules():
+        if hasattr(m, "config"):
+            m.config._attn_implementation = "eager"
+    sd = {}
+    tensors = st_load(os.path.join(case, "model.safetensors"))
+    for k, v in tensors.items():
+        if not k.startswith("language_model."):
+            continue  # the vision tower: not used by text inference
+        n = k[len("language_model."):]
+        if n.endswith(".weight_packed"):
+            sd[n[: -len("_packed")]] = k3model.mxfp4_unpack(v, tensors[k[: -len("_packed")] + "_scale"])
+        elif not n.endswith(".weight_scale"):
+            sd[n] = v.float()
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise SystemExit("%s: weights do not fit Moonshot's model: missing %s, unexpected %s"
+                         % (case, missing[:3], unexpected[:3]))
+    return model.double(), cfg
 
 
 def layer_output(out):
@@ -39,29 +71,12 @@ def layer_output(out):
 
 
 def main():
-    shared, src, outdir, which = sys.argv[1:5]
-    gen = load_generator(shared)
-    conf, mod = gen.load_k3(src)
-    real = json.load(open(os.path.join(src, "config.json")))
-    for case in gen.CASESETS[which]:
-        name, seed, kw = case[:3]
-        text = gen.tiny_text_config(real["text_config"], **kw)
-        keep = {k: v for k, v in text.items() if k not in ("architectures", "auto_map", "_name_or_path", "dtype",
-                                                            "transformers_version", "model_type")}
-        cfg = conf.KimiLinearConfig(**keep)
-        torch.manual_seed(seed)
-        model = mod.KimiLinearForCausalLM(cfg).eval()
-        for m in model.modules():
-            if hasattr(m, "config"):
-                m.config._attn_implementation = "eager"
-        gen.randomize(model, seed)
-        params = dict(model.named_parameters())
-        for k, v in model.state_dict().items():  # the experts as the checkpoint stores them
-            if ".block_sparse_moe.experts." in k and k.endswith((".w1.weight", ".w2.weight", ".w3.weight")):
-                deq, _, _ = gen.mxfp4_quantize(v.double())
-                with torch.no_grad():
-                    params[k].copy_(deq.float())
-        model = model.double()
+    src, shim, outdir = sys.argv[1:4]
+    conf, mod = oracle.load_moonshot(src, shim)
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    for case in sys.argv[4:]:
+        name = os.path.basename(os.path.normpath(case))
+        model, cfg = load_case(conf, mod, case)
         layers = model.model.layers
         taps = [None] * len(layers)
 
@@ -71,22 +86,30 @@ def main():
             return f
 
         handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
-        exp = json.load(open(os.path.join(shared, "cases", name, "expected.json")))
+        exp = json.load(open(os.path.join(case, "expected.json")))
         d = os.path.join(outdir, name)
         os.makedirs(d, exist_ok=True)
         meta = {"case": name, "layers": len(layers), "hidden": cfg.hidden_size, "prompts": []}
+        worst = 0.0
         for pi, p in enumerate(exp["prompts"]):
             ids = torch.tensor([p["ids"]])
             with torch.no_grad():
-                model(ids, use_cache=False)
+                logits = model(ids, use_cache=False).logits[0]
+            want = torch.from_numpy(np.fromfile(os.path.join(case, p["logits_file"]), dtype="<f4")
+                                    .reshape(logits.shape).astype(np.float64))
+            err = ((logits - want).abs().max() / want.abs().max()).item()
+            worst = max(worst, err)
             t = torch.stack([x[0] for x in taps], 1)  # [n][layers][hidden]
-            f = f"taps_p{pi}.f32"
+            f = "taps_p%d.f32" % pi
             t.float().numpy().astype("<f4").tofile(os.path.join(d, f))
             meta["prompts"].append({"ids": p["ids"], "taps_file": f})
         for h in handles:
             h.remove()
+        if worst > 1e-5:
+            raise SystemExit("%s: Moonshot's logits on these weights differ from the case's by %.2e" % (name, worst))
+        meta["logits_vs_case_max_rel_err"] = worst
         json.dump(meta, open(os.path.join(d, "taps.json"), "w"), indent=1)
-        print(name, "taps", tuple(t.shape))
+        print(name, "taps", tuple(t.shape), "logits vs case %.1e" % worst, flush=True)
 
 
 if __name__ == "__main__":
