@@ -824,6 +824,50 @@ TEST(draft_dspark_matches_its_training_code)
     json_decref(ref);
 }
 
+/* Context rows made at once from a prefill's taps, or from taps that waited (passes of 1 and 7
+ * positions, a verify pass kept in part, flushes of DS_TAP_CHUNK) give the same block, bit for bit. */
+TEST(draft_dspark_lazy_context_same_bits)
+{
+    errbuf err;
+    json_t *ref = jsonr_load_file(test_data("drafting/dspark-ref/ref.json"), &err);
+    CHECKF(ref, "%s", err.msg);
+    engine *e = default_engine(2, NULL, 0, &err);
+    CHECKF(e, "%s", err.msg);
+    const json_t *ids = json_object_get(json_array_get(json_object_get(ref, "prompts"), 0), "ids");
+    int n = (int)json_array_size(ids), V = engine_hparams(e)->vocab, chunks[3] = {0, 1, 7};
+    CHECK(n > 70 && n <= 512);
+    int32_t seq[512], out[16];
+    for (int i = 0; i < n; i++)
+        seq[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    float *lg[3] = {malloc(sizeof(float) * 16 * (size_t)V), malloc(sizeof(float) * 16 * (size_t)V),
+                    malloc(sizeof(float) * 16 * (size_t)V)};
+    int K[3];
+    for (int c = 0; c < 3 && !test_failed(); c++) {
+        drafter *d;
+        CHECKF(draft_dspark_new(&(draft_ctx){.target = e, .context = n}, "models/default-dspark", &d, &err) == 0,
+               "%s", err.msg);
+        session *s = tu_session(e, n, chunks[c] ? chunks[c] : n, &err);
+        CHECKF(s && session_set_tap_sink(s, d->taps, d->n_taps, d->on_taps, d, &err) == 0, "%s", err.msg);
+        if (c == 2) { /* a pass of 7 kept in part (3), then the rest */
+            CHECKF(session_sync(s, seq, n - 9, &err) == 0, "%s", err.msg);
+            session_pass ps = {.tokens = seq + n - 9, .T = 7};
+            CHECKF(session_run(s, &ps, &err) == 0 && session_commit(s, 3, &err) == 0, "%s", err.msg); /* n - 6 kept */
+        }
+        CHECKF(session_sync(s, seq, n - 1, &err) == 0, "%s", err.msg);
+        K[c] = draft_dspark_logits(d, seq, n, lg[c], out, &err);
+        CHECKF(K[c] > 0, "%s", err.msg);
+        session_free(s);
+        d->free(d);
+    }
+    for (int c = 1; c < 3 && !test_failed(); c++)
+        CHECKF(K[c] == K[0] && memcmp(lg[c], lg[0], sizeof(float) * (size_t)K[0] * V) == 0,
+               "the block after passes of %d differs from the one after a prefill", chunks[c]);
+    for (int c = 0; c < 3; c++)
+        free(lg[c]);
+    engine_free(e);
+    json_decref(ref);
+}
+
 /* The released layout: the bundled drafter's tensors plus a NaN-filled embedding copy and the
  * confidence head, and a config with draft_vocab_size but no block_size or vocab_size, drafts the
  * same bits (the copy is never read). Unsupported attention variants are refused by name. */

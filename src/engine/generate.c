@@ -19,6 +19,7 @@ typedef struct econ {
     double propose_s[GEN_MAX_DRAFTERS];
     int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
     int turn;                          /* the next drafter to warm up */
+    int probe_turn;                    /* the next drafter to probe */
     int since_probe, probe_every;
 } econ;
 
@@ -78,6 +79,20 @@ static int best_k(const econ *e, int d, int kmax, double extra, double *rate)
     return best;
 }
 
+/* Whether drafter d could pay at all: even if every guess were kept, does some k beat a plain
+ * pass, its proposing costing what it did? Unknown (yes) before it was asked. A drafter that
+ * cannot is neither warmed up nor probed: its asks are pure cost. */
+static int can_pay(const econ *e, int d, int kmax)
+{
+    if (e->asked[d] == 0)
+        return 1;
+    double plain = 1.0 / pass_cost(e, 1);
+    for (int k = 1; k <= kmax; k++)
+        if ((k + 1) / (pass_cost(e, k + 1) + e->propose_s[d]) > plain)
+            return 1;
+    return 0;
+}
+
 /* The drafter (-1: none) and k of this step. *probe: a probe of a drafter that does not pay. */
 static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int *probe)
 {
@@ -86,7 +101,7 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
     *probe = 0;
     for (int i = 0; i < nd; i++) { /* warm-up, in turn */
         int d = (e->turn + i) % nd;
-        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS) {
+        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && can_pay(e, d, kmax)) {
             e->turn = d + 1;
             *best_d = d;
             *best_k_out = 1;
@@ -103,16 +118,17 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
             *best_k_out = k;
         }
     }
-    if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured */
-        e->since_probe = 0;
-        double top = -1;
-        for (int d = 0; d < nd; d++)
-            if (e->acc[d][0] > top) {
-                top = e->acc[d][0];
+    if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */
+        e->since_probe = 0;                                                /* of each drafter in turn */
+        for (int i = 0; i < nd && *best_d < 0; i++) {
+            int d = (e->probe_turn + i) % nd;
+            if (can_pay(e, d, kmax)) {
+                e->probe_turn = d + 1;
                 *best_d = d;
+                *best_k_out = 1;
+                *probe = 1;
             }
-        *best_k_out = 1;
-        *probe = 1;
+        }
     }
 }
 

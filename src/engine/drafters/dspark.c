@@ -18,6 +18,11 @@
  * drafter has one) is never read.
  * Context rows are indexed by position, so a verify pass kept in part needs nothing undone: the
  * rows past the kept positions are written again when the target next computes them.
+ * Rows are made lazily: the taps of small passes (decode and verify) wait in `pend` until the
+ * drafter is asked for a block or DS_TAP_CHUNK of them are waiting, then become rows in one batch
+ * (the kernels give the same bits whatever the batch). A drafter the economics has set aside thus
+ * costs a decode step a copy of its taps, not a context step.
+ * Invariant: rows hold positions 0 .. have-1, pend positions have .. have+npend-1.
  */
 #include <assert.h>
 #include <math.h>
@@ -60,6 +65,8 @@ typedef struct dspark {
     int cap;                     /* context rows allocated */
     float *sc;                   /* [2 kv_lora + cap + K] attention scratch (blk_mla_query) */
     int have;                    /* positions 0..have-1 hold rows */
+    float *pend;                 /* [DS_TAP_CHUNK][ntaps * Ht] taps of positions have.. waiting */
+    int npend;
     arena ar;                    /* scratch of one step */
     float *U;                    /* [K][V] */
 } dspark;
@@ -124,21 +131,16 @@ static void kv_rows(dspark *x, blk *b, const ds_layer *ly, const float *xs, int 
     }
 }
 
-/* the target's taps of positions pos0 .. pos0+T-1 [T][ntaps][Ht] (the concatenation, in
- * target_layer_ids order) become context rows, DS_TAP_CHUNK positions at a time */
-static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
+/* taps [n][ntaps][Ht] of positions pos0 .. pos0+n-1 (pos0 == have, room grown) become context
+ * rows, DS_TAP_CHUNK positions at a time; have follows what was made */
+static void project(dspark *x, const float *taps, int pos0, int n_all)
 {
-    dspark *x = ud;
     errbuf err;
-    if (pos0 > x->have)
-        return; /* a gap (positions run before this drafter was attached): no context past it */
-    x->have = pos0; /* rows from pos0 on are rewritten: until then this drafter knows nothing past it */
-    if (grow(x, pos0 + T, &err) != 0)
-        return;
     int H = x->hp.hidden;
     size_t W = (size_t)x->hp.kv_lora_rank + x->hp.qk_rope, in = (size_t)x->ntaps * x->Ht;
-    for (int t0 = 0; t0 < T; t0 += DS_TAP_CHUNK) {
-        int n = T - t0 < DS_TAP_CHUNK ? T - t0 : DS_TAP_CHUNK;
+    assert(pos0 == x->have);
+    for (int t0 = 0; t0 < n_all; t0 += DS_TAP_CHUNK) {
+        int n = n_all - t0 < DS_TAP_CHUNK ? n_all - t0 : DS_TAP_CHUNK;
         size_t mark = arena_mark(&x->ar);
         blk b = blk_of(x, &err);
         float *ctx = scratch(x, (size_t)n * H, &err), *cs = scratch(x, (size_t)x->hp.rope_dim, &err);
@@ -152,6 +154,49 @@ static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
             kv_rows(x, &b, &x->lay[l], ctx, n, pos0 + t0, x->lay[l].cache + (size_t)(pos0 + t0) * W, cs);
         arena_rewind(&x->ar, mark);
         x->have = pos0 + t0 + n;
+    }
+}
+
+/* the waiting taps become rows (a failure leaves them dropped: no context past `have`) */
+static void flush(dspark *x)
+{
+    int n = x->npend;
+    x->npend = 0;
+    if (n > 0)
+        project(x, x->pend, x->have, n);
+}
+
+/* the target's taps of positions pos0 .. pos0+T-1 [T][ntaps][Ht] (the concatenation, in
+ * target_layer_ids order): a prefill's become rows now, a small pass's wait in pend */
+static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
+{
+    dspark *x = ud;
+    errbuf err;
+    if (pos0 > x->have + x->npend)
+        return; /* a gap (positions run before this drafter was attached): no context past it */
+    if (pos0 < x->have) { /* rows from pos0 on are rewritten: until then this drafter knows nothing past it */
+        x->have = pos0;
+        x->npend = 0;
+    } else {
+        x->npend = pos0 - x->have;
+    }
+    if (grow(x, pos0 + T, &err) != 0) {
+        x->npend = 0;
+        return;
+    }
+    size_t in = (size_t)x->ntaps * x->Ht;
+    if (T >= DS_TAP_CHUNK) {
+        flush(x);
+        if (x->have == pos0)
+            project(x, taps, pos0, T);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        if (x->npend == DS_TAP_CHUNK)
+            flush(x);
+        if (x->have + x->npend != pos0 + t)
+            return; /* a flush failed: no context past it */
+        memcpy(x->pend + (size_t)x->npend++ * in, taps + (size_t)t * in, sizeof(float) * in);
     }
 }
 
@@ -199,6 +244,7 @@ static int attend(dspark *x, const ds_layer *ly, const float *q, const float *kb
 static int ds_block(dspark *x, const int32_t *seq, int n, int k, int32_t *out, float *logits, errbuf *err)
 {
     int p = n - 1; /* the anchor's position: context is every position before it */
+    flush(x);
     if (p < 1 || x->have < p)
         return 0; /* the target has not handed over its taps up to here */
     const hparams *hp = &x->hp;
@@ -283,7 +329,11 @@ static void ds_feedback(drafter *d, int proposed, int accepted)
     (void)accepted;
 }
 
-static void ds_reset(drafter *d) { ((dspark *)d)->have = 0; }
+static void ds_reset(drafter *d)
+{
+    dspark *x = (dspark *)d;
+    x->have = x->npend = 0;
+}
 
 static void ds_free(drafter *d)
 {
@@ -293,6 +343,7 @@ static void ds_free(drafter *d)
     for (int l = 0; l < x->L; l++)
         free(x->lay[l].cache);
     free(x->U);
+    free(x->pend);
     free(x->sc);
     arena_free(&x->ar);
     model_free(&x->m);
@@ -437,7 +488,8 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
                   (size_t)x->vocab + (size_t)x->R + (size_t)x->hp.rope_dim;
     size_t taps = DS_TAP_CHUNK * ((size_t)x->hp.hidden + (size_t)x->hp.rope_dim); /* context rows of a chunk */
     x->U = malloc(sizeof(float) * K * (size_t)x->vocab);
-    if (!x->U || arena_init(&x->ar, (step + taps + 64 * 32) * sizeof(float) + (1u << 20)) != 0) {
+    x->pend = malloc(sizeof(float) * DS_TAP_CHUNK * (size_t)x->ntaps * (size_t)x->Ht);
+    if (!x->U || !x->pend || arena_init(&x->ar, (step + taps + 64 * 32) * sizeof(float) + (1u << 20)) != 0) {
         errbuf_set(err, "DSpark: out of memory");
         goto out;
     }
