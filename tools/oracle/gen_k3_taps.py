@@ -7,7 +7,7 @@ returns (prefix_sum, block_residual), so a forward hook on each decoder layer se
 
 Each case folder is an oracle case as tests/data/oracle holds it (config.json, model.safetensors,
 expected.json, logits_pN.f32). Its weights are loaded into Moonshot's KimiLinearForCausalLM as the
-engine reads them (MXFP4 experts dequantized, the rest widened), the model runs in float64 on the
+engine reads them (tools/train/oracle.py's load_weights), the model runs in float64 on the
 CPU with a hook on every decoder layer, and the script writes OUTDIR/<case>/taps_pN.f32
 ([n][layers][hidden], float32 little-endian) and taps.json. The case's own logits are recomputed
 on the way and compared with its logits_pN.f32, so a case the loader rebuilt wrongly is refused
@@ -18,8 +18,7 @@ Runs where torch + transformers exist (the GPU machine; it computes on the CPU):
   gen_k3_taps.py K3_SOURCE_DIR FLA_SHIM_DIR OUTDIR CASE_DIR...
 
 K3_SOURCE_DIR holds Moonshot's configuration_kimi_k3.py and modeling_kimi_linear.py (never
-committed); FLA_SHIM_DIR is the pure-PyTorch fla stand-in the oracle generators use. The loader is
-tools/train/oracle.py's. The taps are then added to the cases' archives in tests/data/oracle/ for
+committed); FLA_SHIM_DIR is the pure-PyTorch fla stand-in the oracle generators use. The taps are then added to the cases' archives in tests/data/oracle/ for
 tests/test_session.c (session_taps_match_moonshot_*).
 """
 import json
@@ -31,36 +30,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
 import oracle  # noqa: E402  (tools/train/oracle.py: Moonshot's modules as a package)
-import k3model  # noqa: E402
-from stio import st_load  # noqa: E402
-
-
-def load_case(conf, mod, case):
-    """Moonshot's model holding the case's weights, float64."""
-    top = json.load(open(os.path.join(case, "config.json")))
-    text = top["text_config"]
-    keep = {k: v for k, v in text.items() if k not in ("architectures", "auto_map", "_name_or_path", "dtype",
-                                                        "transformers_version", "model_type")}
-    cfg = conf.KimiLinearConfig(**keep)
-    model = mod.KimiLinearForCausalLM(cfg).eval()
-    for m in model.modules():
-        if hasattr(m, "config"):
-            m.config._attn_implementation = "eager"
-    sd = {}
-    tensors = st_load(os.path.join(case, "model.safetensors"))
-    for k, v in tensors.items():
-        if not k.startswith("language_model."):
-            continue  # the vision tower: not used by text inference
-        n = k[len("language_model."):]
-        if n.endswith(".weight_packed"):
-            sd[n[: -len("_packed")]] = k3model.mxfp4_unpack(v, tensors[k[: -len("_packed")] + "_scale"])
-        elif not n.endswith(".weight_scale"):
-            sd[n] = v.float()
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise SystemExit("%s: weights do not fit Moonshot's model: missing %s, unexpected %s"
-                         % (case, missing[:3], unexpected[:3]))
-    return model.double(), cfg
 
 
 def layer_output(out):
@@ -76,7 +45,7 @@ def main():
     torch.set_num_threads(min(8, os.cpu_count() or 1))
     for case in sys.argv[4:]:
         name = os.path.basename(os.path.normpath(case))
-        model, cfg = load_case(conf, mod, case)
+        model, cfg, _ = oracle.load_weights(conf, mod, case)
         layers = model.model.layers
         taps = [None] * len(layers)
 

@@ -51,12 +51,12 @@ def load_moonshot(src, shim):
     return conf, mod
 
 
-def run(src, shim, model_dir, out, prompts):
+def load_weights(conf, mod, model_dir):
+    """Moonshot's KimiLinearForCausalLM holding an exported model's (or an oracle case's) weights as
+    the engine reads them: MXFP4 experts dequantized, the rest widened; float64, eager attention.
+    Returns (model, its KimiLinearConfig, the text_config dict)."""
     import k3model
     from stio import st_load
-    t0 = time.time()
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
-    conf, mod = load_moonshot(src, shim)
     top = json.load(open(os.path.join(model_dir, "config.json")))
     text = top["text_config"]
     keep = {k: v for k, v in text.items() if k not in ("architectures", "auto_map", "_name_or_path", "dtype",
@@ -69,18 +69,26 @@ def run(src, shim, model_dir, out, prompts):
     sd = {}
     tensors = st_load(os.path.join(model_dir, "model.safetensors"))
     for k, v in tensors.items():
+        if not k.startswith("language_model."):
+            continue  # a vision tower: not used by text inference
         n = k[len("language_model."):]
         if n.endswith(".weight_packed"):
-            base = n[: -len(".weight_packed")]
-            sd[base + ".weight"] = k3model.mxfp4_unpack(v, tensors[k[: -len("_packed")] + "_scale"])
-        elif n.endswith(".weight_scale"):
-            continue
-        else:
+            sd[n[: -len("_packed")]] = k3model.mxfp4_unpack(v, tensors[k[: -len("_packed")] + "_scale"])
+        elif not n.endswith(".weight_scale"):
             sd[n] = v.float()
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected, unexpected[:5]
-    assert not missing, missing[:5]
-    model = model.double()
+    if missing or unexpected:
+        raise SystemExit("%s: weights do not fit Moonshot's model: missing %s, unexpected %s"
+                         % (model_dir, missing[:3], unexpected[:3]))
+    return model.double(), cfg, text
+
+
+def run(src, shim, model_dir, out, prompts):
+    import k3model
+    t0 = time.time()
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    conf, mod = load_moonshot(src, shim)
+    model, cfg, text = load_weights(conf, mod, model_dir)
     os.makedirs(out, exist_ok=True)
     for f in ("config.json", "model.safetensors", "generation_config.json"):
         shutil.copy(os.path.join(model_dir, f), os.path.join(out, f))
