@@ -732,6 +732,31 @@ TEST(draft_sampling_is_the_targets)
     tok_ids_free(&ids);
 }
 
+/* The n-gram drafter proposes what followed its longest recent match and classes the guesses by
+ * the match's length (draft.h: cls), which the economics measures acceptance by. */
+TEST(draft_ngram_classes_by_match_length)
+{
+    errbuf err;
+    drafter *ng;
+    CHECKF(draft_ngram_new(&(draft_ctx){0}, &ng, &err) == 0, "%s", err.msg);
+    /* 10 11 12 13 14 15 16 17 99 | 10 11 12 13 14 15 16 17: a match of 8, then of 4, then of 2 */
+    int32_t seq[32] = {10, 11, 12, 13, 14, 15, 16, 17, 99, 10, 11, 12, 13, 14, 15, 16, 17}, out[4];
+    const float *q;
+    const struct {
+        int n, first, len, cls;
+    } want[] = {{17, 99, 4, 2}, {13, 14, 4, 1}, {11, 12, 4, 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        ng->cls = -1;
+        int m = ng->propose(ng, seq, want[i].n, 4, out, &q, &err);
+        CHECKF(m == want[i].len && out[0] == want[i].first && q == NULL && ng->cls == want[i].cls,
+               "after %d tokens: %d guesses from %d, class %d (want %d from %d, class %d)", want[i].n, m,
+               m > 0 ? out[0] : -1, ng->cls, want[i].len, want[i].first, want[i].cls);
+    }
+    int32_t fresh[4] = {1, 2, 3, 4};
+    CHECK(ng->propose(ng, fresh, 4, 4, out, &q, &err) == 0); /* nothing repeats: no guess */
+    ng->free(ng);
+}
+
 /* ---- DSpark against its training code ---- */
 
 TEST(draft_dspark_matches_its_training_code)

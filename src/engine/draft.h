@@ -19,6 +19,8 @@
 
 #include "engine/engine.h"
 
+enum { DRAFT_CLASSES = 3 };
+
 typedef struct drafter drafter;
 
 struct drafter {
@@ -38,6 +40,10 @@ struct drafter {
     void (*on_taps)(void *d, int pos0, int T, const float *taps);
     void (*reset)(drafter *d);
     void (*free)(drafter *d);
+    /* Set by propose: the class of its guesses (0 .. DRAFT_CLASSES-1), where the drafter knows
+     * some guesses are likelier than others (the n-gram one: by the length of its match). The
+     * economics measures acceptance per class. 0 for a drafter that does not tell. */
+    int cls;
 };
 
 /* What generate.c needs to know of the request to make a drafter for it. */

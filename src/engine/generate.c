@@ -1,6 +1,7 @@
 /* generate.c — see generate.h. */
 #include "engine/generate.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,10 @@ typedef struct econ {
     double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
-    double acc[GEN_MAX_DRAFTERS][GEN_MAX_DRAFT]; /* EMA of keeping the guess at block position j, given the ones before */
-    int ruled[GEN_MAX_DRAFTERS][GEN_MAX_DRAFT];  /* guesses at position j ruled on */
+    /* by drafter, class of its guesses (draft.h: cls) and block position j: */
+    double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
+    int ruled[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT];  /* guesses at position j ruled on */
+    int last_cls[GEN_MAX_DRAFTERS];                              /* the class of its latest guesses */
     double propose_s[GEN_MAX_DRAFTERS];
     int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
     int turn;                          /* the next drafter to warm up */
@@ -29,6 +32,9 @@ typedef struct econ {
 enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };
 static const double EMA = 0.25;    /* weight of a new measurement */
 static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
+/* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
+ * step, and its guesses are verified when their class pays (a plain pass when none come) */
+static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.5;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
@@ -51,26 +57,34 @@ static double pass_cost(const econ *e, int T)
     return 1e-3 * shape(e, T);
 }
 
-/* expected tokens of a step of drafter d with k guesses; a position never ruled on is taken as a
- * little less likely than the one before it */
-static double expected(const econ *e, int d, int k)
+static int is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
+
+/* expected tokens of a step of drafter d with k guesses of class c; a position never ruled on is
+ * taken as a little less likely than the one before it. A free drafter is judged optimistically
+ * (an upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and
+ * a class judged on two rulings below break-even would otherwise never be verified again. */
+static double expected(const econ *e, int d, int c, int k)
 {
     double E = 1, run = 1, a = ACC_PRIOR;
+    int opt = is_free(e, d);
     for (int j = 0; j < k; j++) {
-        a = e->ruled[d][j] ? e->acc[d][j] : j ? a * ACC_DECAY : ACC_PRIOR;
-        run *= a;
+        int n = e->ruled[d][c][j];
+        a = n ? e->acc[d][c][j] : j ? a * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
+        double b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
+        run *= b < 1 ? b : 1;
         E += run;
     }
     return E;
 }
 
-/* the k <= kmax (0: none) with the most tokens per second for drafter d, proposing costing `extra` */
-static int best_k(const econ *e, int d, int kmax, double extra, double *rate)
+/* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c,
+ * proposing costing `extra` */
+static int best_k(const econ *e, int d, int c, int kmax, double extra, double *rate)
 {
     int best = 0;
     *rate = 1.0 / pass_cost(e, 1);
     for (int k = 1; k <= kmax; k++) {
-        double r = expected(e, d, k) / (pass_cost(e, k + 1) + extra);
+        double r = expected(e, d, c, k) / (pass_cost(e, k + 1) + extra);
         if (r > *rate) {
             *rate = r;
             best = k;
@@ -111,7 +125,7 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
     double best = 1.0 / pass_cost(e, 1);
     for (int d = 0; d < nd; d++) {
         double r;
-        int k = best_k(e, d, kmax, e->propose_s[d], &r);
+        int k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], &r);
         if (k > 0 && r > best) {
             best = r;
             *best_d = d;
@@ -130,6 +144,11 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
             }
         }
     }
+    for (int d = 0; d < nd && *best_d < 0; d++) /* nothing else this step: a free drafter's guesses */
+        if (is_free(e, d)) {
+            *best_d = d;
+            *best_k_out = kmax;
+        }
 }
 
 static double store_stall(const session *s)
@@ -226,8 +245,9 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
         ec.union_ratio[T] = sto && hp->n_experts > 0 ? E * (1 - pow(1 - K / E, T)) / K : 1.0;
     }
     for (int d = 0; d < nd; d++)
-        for (int j = 0; j < GEN_MAX_DRAFT; j++)
-            ec.acc[d][j] = ACC_PRIOR;
+        for (int c = 0; c < DRAFT_CLASSES; c++)
+            for (int j = 0; j < GEN_MAX_DRAFT; j++)
+                ec.acc[d][c][j] = ACC_PRIOR;
     ec.probe_every = GEN_PROBE_EVERY;
     if (nd > 0) {
         seq_cap = session_context(s) + 1;
@@ -255,7 +275,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
         int room = session_context(s) - session_len(s) - 1, want = rq->max_new - st->n_gen - 1;
         k = k < room ? k : room;
         k = k < want ? k : want;
-        int m = 0;
+        int m = 0, cls = 0;
         const float *q = NULL;
         if (d >= 0 && k > 0) {
             int n = session_len(s) + 1; /* the sequence with the anchor */
@@ -274,6 +294,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             seq_have = n - 1;
             seq[n - 1] = anchor;
             double tp = timer_now();
+            rq->drafters[d]->cls = 0;
             m = rq->drafters[d]->propose(rq->drafters[d], seq, n, k, drafts + 1, &q, err);
             double dt = timer_now() - tp;
             if (m < 0) {
@@ -284,9 +305,13 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             st->draft[d].propose_s += dt;
             ec.asked[d]++;
             ec.guessed[d] += m > 0;
-            if (m > 0 && !rq->fixed && !warm && !probe) { /* fewer guesses than asked: are they worth a pass? */
-                double r;
-                m = best_k(&ec, d, m, 0.0, &r);
+            cls = rq->drafters[d]->cls;
+            assert(cls >= 0 && cls < DRAFT_CLASSES);
+            if (m > 0)
+                ec.last_cls[d] = cls;
+            if (m > 0 && !rq->fixed && !warm && !probe) { /* are these guesses worth a pass, and how many? */
+                double r;                                  /* a class not yet ruled on gets one tried */
+                m = ec.ruled[d][cls][0] < ECON_WARMUP ? 1 : best_k(&ec, d, cls, m, 0.0, &r);
             }
         }
         predicted = pass_cost(&ec, m + 1) + (d >= 0 && k > 0 ? ec.propose_s[d] : 0.0);
@@ -313,9 +338,9 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             const float *row = session_logits(s, j);
             int ok = rule(sm, row, drafts[1 + j], q ? q + (size_t)j * V : NULL, base + 1 + j, &next);
             st->draft[d].by_pos_tried[j]++;
-            double w = 1.0 / (++ec.ruled[d][j] + 1); /* a running mean with the prior as one sample, then the EMA */
-            w = w > EMA ? w : EMA;
-            ec.acc[d][j] = (1 - w) * ec.acc[d][j] + w * ok;
+            double w = 1.0 / (++ec.ruled[d][cls][j] + 1); /* a running mean with the prior as one sample, */
+            w = w > EMA ? w : EMA;                           /* then the EMA */
+            ec.acc[d][cls][j] = (1 - w) * ec.acc[d][cls][j] + w * ok;
             if (!ok)
                 break;
             st->draft[d].by_pos_kept[j]++;

@@ -3,8 +3,8 @@
  * The guess is what followed, the last time, the longest recent n-gram of the sequence (2 to
  * NGRAM_MAX tokens) that occurred before: code and chat repeat names, lines and whole passages of
  * the prompt. Needs no model, costs one backward scan per step (a few ms at a million tokens,
- * against a pass of seconds), and proposes plain guesses (q = 1). Stateless between steps, so a
- * rejected guess or a new prompt needs nothing undone.
+ * against a pass of seconds), and proposes plain guesses (q = 1), classed by the match's length
+ * (draft.h: cls). Stateless between steps, so a rejected guess or a new prompt needs nothing undone.
  */
 #include <stdlib.h>
 
@@ -18,7 +18,6 @@ typedef struct ngram {
 
 static int ngram_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out, const float **q, errbuf *err)
 {
-    (void)d;
     (void)err;
     *q = NULL;
     if (n < NGRAM_MIN + 1 || k < 1)
@@ -37,6 +36,7 @@ static int ngram_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *
     }
     if (best_len < NGRAM_MIN)
         return 0;
+    d->cls = best_len >= 6 ? 2 : best_len >= 4 ? 1 : 0; /* a longer match repeats more surely */
     int m = 0;
     while (m < k && best_at + m < n)
         out[m] = seq[best_at + m], m++;
