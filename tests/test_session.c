@@ -26,9 +26,6 @@
 #include "test.h"
 #include "test_util.h"
 
-static const char *const CASES[] = {"kimi_k3-b", "kimi_linear-a", "deepseek_v3-a", "qwen3-a"};
-enum { NCASES = sizeof CASES / sizeof CASES[0] };
-
 static const char *case_dir(const char *name)
 {
     static char d[4096];
