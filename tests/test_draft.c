@@ -873,10 +873,10 @@ TEST(draft_dspark_lazy_context_same_bits)
                "%s", err.msg);
         session *s = tu_session(e, n, chunks[c] ? chunks[c] : n, &err);
         CHECKF(s && session_set_tap_sink(s, d->taps, d->n_taps, d->on_taps, d, &err) == 0, "%s", err.msg);
-        if (c == 2) { /* a pass of 7 kept in part (3), then the rest */
+        if (c == 2) { /* a pass of 7 kept in part (3 positions: n - 6 in all), then the rest */
             CHECKF(session_sync(s, seq, n - 9, &err) == 0, "%s", err.msg);
             session_pass ps = {.tokens = seq + n - 9, .T = 7};
-            CHECKF(session_run(s, &ps, &err) == 0 && session_commit(s, 3, &err) == 0, "%s", err.msg); /* n - 6 kept */
+            CHECKF(session_run(s, &ps, &err) == 0 && session_commit(s, 3, &err) == 0, "%s", err.msg);
         }
         CHECKF(session_sync(s, seq, n - 1, &err) == 0, "%s", err.msg);
         K[c] = draft_dspark_logits(d, seq, n, lg[c], out, &err);
