@@ -33,6 +33,18 @@ static const char *case_dir(const char *name)
     return d;
 }
 
+/* an oracle case's model (into *m) and an engine over it on 2 threads; NULL with err set (and
+ * nothing left to free) when either fails */
+static engine *case_engine(const char *name, model *m, errbuf *err)
+{
+    if (model_load(m, case_dir(name), err) != 0)
+        return NULL;
+    engine *e = tu_engine(m, NULL, 2, NULL, err);
+    if (!e)
+        model_free(m);
+    return e;
+}
+
 /* logits of the last of ids[0..n) from a cold session */
 static float *cold_last(const model *m, const int32_t *ids, int n, errbuf *err)
 {
@@ -48,10 +60,9 @@ static void sync_case(const char *name)
 {
     errbuf err;
     model m;
-    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
-    int V = m.hp.vocab;
-    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+    engine *e = case_engine(name, &m, &err);
     CHECKF(e, "%s", err.msg);
+    int V = m.hp.vocab;
     size_t ckpt = 0;
     session_opts so;
     session_opts_default(&so);
@@ -111,10 +122,9 @@ static void sync_back_case(const char *name)
 {
     errbuf err;
     model m;
-    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
-    int V = m.hp.vocab;
-    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
+    engine *e = case_engine(name, &m, &err);
     CHECKF(e, "%s", err.msg);
+    int V = m.hp.vocab;
     session_opts so;
     session_opts_default(&so);
     so.context = 64;
@@ -159,11 +169,10 @@ static void commit_case(const char *name)
 {
     errbuf err;
     model m;
-    CHECKF(model_load(&m, case_dir(name), &err) == 0, "%s", err.msg);
+    engine *e = case_engine(name, &m, &err);
+    CHECKF(e, "%s", err.msg);
     int V = m.hp.vocab;
     size_t VB = sizeof(float) * (size_t)V;
-    engine *e = tu_engine(&m, NULL, 2, NULL, &err);
-    CHECKF(e, "%s", err.msg);
     int32_t P[10], D[8], X[3], kept[18];
     for (int i = 0; i < 10; i++)
         P[i] = (int32_t)((i * 37 + 11) % V);
