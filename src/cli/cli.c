@@ -73,6 +73,15 @@ int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, engine_opts *
     return r;
 }
 
+int cli_draft_opt(const char *cmd, int argc, char **argv, int *i, draft_opts *o)
+{
+    errbuf err;
+    int r = draft_opts_parse(o, argc, argv, i, &err);
+    if (r < 0)
+        cli_usage(cmd, "%s", err.msg);
+    return r;
+}
+
 int cli_fail(const char *cmd, const errbuf *err)
 {
     fprintf(stderr, "deltafin %s: %s\n", cmd, err->msg);

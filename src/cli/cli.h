@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "base/err.h"
+#include "engine/draft.h"
 #include "engine/engine.h"
 
 /* Matches argv[*i] against "--name value" or "--name=value" (base/args.h). Returns 1 and sets
@@ -22,6 +23,9 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n, errbuf *err);
  * error (printed). */
 int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, engine_opts *o);
 
+/* The same for the drafting options (draft_opts_parse). */
+int cli_draft_opt(const char *cmd, int argc, char **argv, int *i, draft_opts *o);
+
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */
 
@@ -32,5 +36,6 @@ int cmd_prepare(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -12,18 +12,14 @@ static const char *HELP =
     "                    [--no-thinking] [--thinking-effort low|high|max] [--max-new N] [--temperature T]\n"
     "                    [--top-p P] [--top-k K] [--min-p P] [--seed S] [--prefill-chunk N]\n"
     "                    [--print-ids] [--ignore-eos] [--stop-eos] [--stats]\n"
-    "                    [--draft none|ngram|qwen|dspark|auto] [--draft-model DIR] [--draft-max K]\n"
+    "                    [drafting options]\n"
     "Without --model the bundled default model is used. Temperature 0 (the default) is greedy.\n"
     "--prompt is encoded with the model's tokenizer (text typed there never becomes special tokens);\n"
     "--chat renders it as a user message in the model's chat format and stops at the end of the\n"
     "reply. Text modes stop at end-of-text/end-of-message ids unless --ignore-eos.\n"
     "--tokens is the raw interface: it generates exactly --max-new ids unless --stop-eos.\n"
     "Output is text, or the generated ids with --print-ids. --stats prints time to first token,\n"
-    "tokens/s, per-phase times and weight-store figures on stderr.\n"
-    "--draft guesses tokens ahead that the model checks in one pass: never a different token, only\n"
-    "sooner. auto (the default) tries the n-gram drafter and any drafter model beside the model\n"
-    "(DIR-dspark, DIR-qwen3-drafter) or given with --draft-model, and drafts only while it pays;\n"
-    "--draft-max (default 7) bounds the guesses of a step.\n";
+    "tokens/s, per-phase times and weight-store figures on stderr.\n";
 
 /* Where generated ids go: printed as ids, decoded as plain text (tok_stream), or with --chat read
  * by the reply parser (tok_reply): reasoning shows as <think>...</think>, a tool call as a line
@@ -76,57 +72,6 @@ static int on_token(void *ud, int32_t id)
     return 0;
 }
 
-/* "k3_dspark", "qwen3", ... of a folder's config.json, into buf ("" if none) */
-static const char *model_type_of(const char *dir, char *buf, size_t cap)
-{
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *c = json_load_file(path, 0, NULL);
-    const char *mt = json_string_value(json_object_get(c, "model_type"));
-    snprintf(buf, cap, "%s", mt ? mt : "");
-    json_decref(c);
-    return buf;
-}
-
-/* The drafters --draft names: ngram needs nothing; dspark and qwen a model folder, --draft-model or
- * the one beside the target (DIR-dspark, DIR-qwen3-drafter); auto all of those there are. */
-static int make_drafters(const char *cmd, const char *want, const char *model, const draft_ctx *dc, drafter **out,
-                         int *n, errbuf *err)
-{
-    *n = 0;
-    if (!strcmp(want, "none"))
-        return 0;
-    char beside[2][4200], type[64];
-    snprintf(beside[0], sizeof beside[0], "%s-dspark", engine_model_dir(dc->target));
-    snprintf(beside[1], sizeof beside[1], "%s-qwen3-drafter", engine_model_dir(dc->target));
-    const char *dspark = NULL, *qwen = NULL;
-    if (model) { /* its config says which kind it is */
-        model_type_of(model, type, sizeof type);
-        if (!strcmp(type, "k3_dspark"))
-            dspark = model;
-        else if (!strcmp(type, "qwen3"))
-            qwen = model;
-        else
-            return errbuf_set(err, "--draft-model %s: model_type '%s' is no drafter (k3_dspark, qwen3)", model, type);
-    } else {
-        dspark = !strcmp(model_type_of(beside[0], type, sizeof type), "k3_dspark") ? beside[0] : NULL;
-        qwen = !strcmp(model_type_of(beside[1], type, sizeof type), "qwen3") ? beside[1] : NULL;
-    }
-    int all = !strcmp(want, "auto");
-    if (!all && !strcmp(want, "dspark") && !dspark)
-        return errbuf_set(err, "--draft dspark: no DSpark model (give --draft-model, or put one at %s)", beside[0]);
-    if (!all && !strcmp(want, "qwen") && !qwen)
-        return errbuf_set(err, "--draft qwen: no Qwen3 drafter (give --draft-model, or put one at %s)", beside[1]);
-    (void)cmd;
-    if ((all || !strcmp(want, "ngram")) && draft_ngram_new(dc, &out[(*n)++], err) != 0)
-        return (*n)--, -1;
-    if ((all || !strcmp(want, "dspark")) && dspark && draft_dspark_new(dc, dspark, &out[(*n)++], err) != 0)
-        return (*n)--, -1;
-    if ((all || !strcmp(want, "qwen")) && qwen && draft_qwen_new(dc, qwen, &out[(*n)++], err) != 0)
-        return (*n)--, -1;
-    return 0;
-}
-
 static void report_drafting(const gen_stats *st)
 {
     for (int d = 0; d < st->n_drafters; d++) {
@@ -151,17 +96,19 @@ static void report_drafting(const gen_stats *st)
 int cmd_run(int argc, char **argv)
 {
     const char *cmd = "run", *tokens = NULL, *prompt = NULL, *system = NULL, *effort = NULL, *v;
-    const char *draft = "auto", *draft_model = NULL;
-    long max_new = 64, chunk = 0, top_k = 0, seed = 0, draft_max = 7;
+    long max_new = 64, chunk = 0, top_k = 0, seed = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     int print_ids = 0, stats = 0, stop_eos = 0, ignore_eos = 0, chat = 0, thinking = 1;
     engine_opts eo;
     engine_opts_default(&eo);
+    draft_opts dopt;
+    draft_opts_default(&dopt);
     for (int i = 1; i < argc; i++) {
         int r = 0;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(HELP, stdout);
             fputs(ENGINE_OPTS_HELP, stdout);
+            fputs(DRAFT_OPTS_HELP, stdout);
             return 0;
         } else if (!strcmp(argv[i], "--print-ids")) {
             print_ids = 1;
@@ -187,15 +134,10 @@ int cmd_run(int argc, char **argv)
             system = v;
         } else if ((r = cli_opt(argc, argv, &i, "--thinking-effort", &v))) {
             effort = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--draft", &v))) {
-            draft = v;
-            if (strcmp(v, "none") && strcmp(v, "ngram") && strcmp(v, "qwen") && strcmp(v, "dspark") && strcmp(v, "auto"))
-                return cli_usage(cmd, "--draft expects none, ngram, qwen, dspark or auto, got '%s'", v);
-        } else if ((r = cli_opt(argc, argv, &i, "--draft-model", &v))) {
-            draft_model = v;
-        } else if ((r = cli_opt(argc, argv, &i, "--draft-max", &v))) {
-            if (r > 0 && cli_long(cmd, "--draft-max", v, 1, GEN_MAX_DRAFT, &draft_max))
+        } else if ((r = cli_draft_opt(cmd, argc, argv, &i, &dopt))) {
+            if (r < 0)
                 return 2;
+            continue;
         } else if ((r = cli_opt(argc, argv, &i, "--max-new", &v))) {
             if (r > 0 && cli_long(cmd, "--max-new", v, 0, 1 << 30, &max_new))
                 return 2;
@@ -326,14 +268,14 @@ int cmd_run(int argc, char **argv)
     so.prefill_chunk = chunk > 0 ? (int)chunk : 0; /* a verify pass may be longer than the prompt's passes */
     so.ckpt_budget = 0; /* one prompt, nothing to come back to */
     draft_ctx dc = {.target = e, .context = so.context, .messages = msgs, .thinking = thinking};
-    if (make_drafters(cmd, draft, draft_model, &dc, drafters, &nd, &err) != 0)
+    if (draft_open(&dopt, &dc, drafters, &nd, &err) != 0)
         goto out;
-    so.max_logits = nd ? (int)draft_max + 1 : 1; /* a verify pass: logits of all its positions, kept in part */
-    so.max_commit = nd ? (int)draft_max + 1 : 0;
+    so.max_logits = nd ? dopt.max + 1 : 1; /* a verify pass: logits of all its positions, kept in part */
+    so.max_commit = nd ? dopt.max + 1 : 0;
     if (so.max_pass < so.max_logits)
         so.max_pass = so.max_logits;
     gen_req rq = {.prompt = ids.v, .n_prompt = n, .max_new = (int)max_new, .stop = stop, .n_stop = nstop,
-                  .drafters = drafters, .n_drafters = nd, .draft_max = (int)draft_max};
+                  .drafters = drafters, .n_drafters = nd, .draft_max = dopt.max};
     em = (struct emit){print_ids, 0, e, have_stream ? &ts : NULL, reply, 0};
     if (reply && thinking && tok_chat_format_of(tk) == TOK_CHAT_K3) {
         fputs("<think>", stdout); /* the prompt opened the thinking channel */
@@ -387,8 +329,7 @@ out:
     if (have_stream)
         tok_stream_free(&ts);
     tok_reply_free(reply);
-    for (int d = 0; d < nd; d++)
-        drafters[d]->free(drafters[d]);
+    draft_close(drafters, nd);
     json_decref(msgs);
     tok_ids_free(&ids);
     engine_free(e);

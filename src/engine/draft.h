@@ -40,6 +40,10 @@ struct drafter {
     void (*on_taps)(void *d, int pos0, int T, const float *taps);
     void (*reset)(drafter *d);
     void (*free)(drafter *d);
+    /* Optional (NULL: nothing to do): a new request on the same drafter, a long-lived one (the
+     * server's): the chat it continues (messages, or NULL for raw completion) and whether its
+     * prompt opened the thinking channel. */
+    int (*begin)(drafter *d, const json_t *messages, int thinking, errbuf *err);
     /* Set by propose: the class of its guesses (0 .. DRAFT_CLASSES-1), where the drafter knows
      * some guesses are likelier than others (the n-gram one: by the length of its match). The
      * economics measures acceptance per class. 0 for a drafter that does not tell. */
@@ -61,6 +65,25 @@ int draft_ngram_new(const draft_ctx *c, drafter **out, errbuf *err);
 int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *err);
 /* dir: a k3_dspark folder (its tensors only: embedding and lm_head are the target's) */
 int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *err);
+
+/* The drafting options of every generating subcommand (run, serve): --draft, --draft-model,
+ * --draft-max. draft_opts_parse consumes argv[*i] as engine_opts_parse does (1 consumed, 0 not a
+ * drafting option, -1 bad value, in err). */
+typedef struct draft_opts {
+    const char *want;  /* "none", "ngram", "qwen", "dspark", "auto" (default) */
+    const char *model; /* a drafter model folder, or NULL: those beside the target (DIR-dspark,
+                          DIR-qwen3-drafter) */
+    int max;           /* the most guesses of a step (default 7) */
+} draft_opts;
+void draft_opts_default(draft_opts *o);
+int draft_opts_parse(draft_opts *o, int argc, char **argv, int *i, errbuf *err);
+extern const char DRAFT_OPTS_HELP[];
+/* The drafters o names for the target of c into out[0..*n) (at most GEN_MAX_DRAFTERS): the
+ * caller frees them with draft_close. */
+int draft_open(const draft_opts *o, const draft_ctx *c, drafter **out, int *n, errbuf *err);
+void draft_close(drafter **d, int n);
+/* Calls every drafter's begin (see struct drafter) for a new request. */
+int draft_begin(drafter *const *d, int n, const json_t *messages, int thinking, errbuf *err);
 
 /* The Qwen drafter's bridge back to the target's tokens: text[0..len) is the bytes of the target's
  * tokens tail[0..have) followed by the draft's text. Up to k whole target tokens that the draft's

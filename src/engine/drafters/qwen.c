@@ -197,6 +197,25 @@ static void qw_reset(drafter *d)
     q->enc_bytes = q->enc_n = q->cov.n = 0;
 }
 
+/* the conversation in the drafter's own format, its reply opened (NULL: raw completion) */
+static int qw_begin(drafter *d, const json_t *messages, int thinking, errbuf *err)
+{
+    qwen *q = (qwen *)d;
+    (void)thinking; /* the drafter drafts the target's current channel's text, whichever it is */
+    q->chat.n = 0;
+    q->chat_mode = 0;
+    q->enc_bytes = q->enc_n = q->cov.n = 0;
+    if (!messages)
+        return 0;
+    tok_chat_opts co;
+    tok_chat_opts_init(&co);
+    co.thinking = 0;
+    if (tok_chat_encode(q->qt, messages, &co, &q->chat, err) != 0)
+        return errbuf_prefix(err, "Qwen drafter"), -1;
+    q->chat_mode = 1;
+    return 0;
+}
+
 static void qw_free(drafter *d)
 {
     qwen *q = (qwen *)d;
@@ -236,14 +255,8 @@ int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *e
     }
     if (!(q->tt = engine_tok(c->target, err)) || !(q->qt = engine_tok(q->qe, err)))
         goto out;
-    if (c->messages) { /* the conversation in the drafter's own format, its reply opened */
-        tok_chat_opts co;
-        tok_chat_opts_init(&co);
-        co.thinking = 0;
-        if (tok_chat_encode(q->qt, c->messages, &co, &q->chat, err) != 0)
-            goto out;
-        q->chat_mode = 1;
-    }
+    if (qw_begin(&q->d, c->messages, c->thinking, err) != 0)
+        goto out;
     session_opts so;
     session_opts_default(&so);
     so.context = engine_hparams(q->qe)->ctx_len > 0 ? engine_hparams(q->qe)->ctx_len : 32768;
@@ -253,7 +266,8 @@ int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *e
     so.ckpt_budget = 0; /* no recurrent state: every prefix is free to return to */
     if (session_new(q->qe, &so, &q->qs, err) != 0)
         goto out;
-    q->d = (drafter){.name = "qwen", .propose = qw_propose, .feedback = qw_feedback, .reset = qw_reset, .free = qw_free};
+    q->d = (drafter){.name = "qwen", .propose = qw_propose, .feedback = qw_feedback, .reset = qw_reset, .free = qw_free,
+                       .begin = qw_begin};
     *out = &q->d;
     rc = 0;
 out:
