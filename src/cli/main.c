@@ -18,6 +18,7 @@ static const struct {
     {.name = "doctor", .fn = cmd_doctor, .help = "measure drives' O_DIRECT bandwidth and latency; verify a store"},
     {.name = "bench", .fn = cmd_bench, .help = "bench io: the weight store's streaming rate without compute"},
     {.name = "tokenize", .fn = cmd_tokenize, .help = "text or chat messages to token ids, and ids back to text"},
+    {.name = "serve", .fn = cmd_serve, .help = "an OpenAI-compatible HTTP server with a chat page (docs/SERVER.md)"},
 };
 
 static void usage(FILE *f)

@@ -259,6 +259,8 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     const float *lg = session_last_logits(s);
     int32_t anchor = sampler_pick(sm, lg, pos);
     int stop = emit(&em, anchor, pos, lg);
+    if (!stop && rq->step_done && rq->step_done(ud))
+        stop = 1;
     while (!stop) {
         int d, k;
         double predicted;
@@ -367,6 +369,8 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             next = sampler_pick(sm, row, base + 1 + kept);
         anchor = next;
         stop = emit(&em, anchor, base + 1 + kept, row);
+        if (!stop && rq->step_done && rq->step_done(ud))
+            stop = 1;
     }
     free(seq);
     if (st->n_gen > 0)

@@ -66,6 +66,11 @@ typedef struct gen_req {
     int draft_max;       /* the most guesses a step makes (capped by the session's commit log) */
     int fixed;           /* 1: no economics: every step drafts draft_max, the drafters in turn (tests, and
                             measuring acceptance) */
+    /* Optional: called after the tokens of each step are emitted (the first token is a step of its
+     * own; a verify step emits its kept guesses and the target's token), so a caller can send them
+     * as one piece (the server: one chunk per step). A non-zero return stops generation (not an
+     * error), before another pass runs. */
+    int (*step_done)(void *ud);
 } gen_req;
 
 /* Called for each generated token; a non-zero return stops generation (that is not an error). */
