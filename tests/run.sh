@@ -44,6 +44,32 @@ if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/
   fi
 fi
 
+# a script that prints "ok"/"FAIL" lines and ends with "N passed, M failed": its lines, its counts
+suite() {
+  local name=$1 out last
+  shift
+  out=$("$@" 2>&1)
+  last=$(printf '%s\n' "$out" | tail -n 1)
+  printf '%s\n' "$out" | sed '$d' | grep -E '^(ok|FAIL)' || true
+  if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    pass=$((pass + BASH_REMATCH[1])); fail=$((fail + BASH_REMATCH[2]))
+  else
+    echo "FAIL $name: ended abnormally:"; printf '%s\n' "$out" | tail -n 5 | sed 's/^/    /'; fail=$((fail + 1))
+  fi
+}
+
+# the server from raw HTTP (a DFSP store of the bundled model for its loading check), then from
+# the official openai npm client and a real browser (tests/server/node/run.sh installs them into
+# $build/node from the committed lockfile)
+bin=${DELTAFIN_BIN:-$build/deltafin}
+store=$build/server-store
+if [ ! -f "$store/manifest.json" ] || [ models/default/config.json -nt "$store/manifest.json" ]; then
+  rm -rf "$store"
+  "$bin" prepare --model models/default --out "$store" >/dev/null 2>&1 || echo "FAIL server store: deltafin prepare failed"
+fi
+suite "server http" python3 tests/server/http_test.py "$bin" "$store"
+suite "server node" tests/server/node/run.sh "$build" "$bin"
+
 shared=../shared/oracle
 if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then
   if r=$(python3 "$shared/check.py" "$build/deltafin" "$shared/cases" 2>&1); then

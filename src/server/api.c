@@ -422,13 +422,14 @@ static int parse_completion(const json_t *o, api_req *r, api_err *e)
     static const char *const names[] = {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of",
         "stream", "stream_options", "logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty",
-        "repetition_penalty", "logit_bias", "user", NULL};
+        "repetition_penalty", "logit_bias", "user", "ignore_eos", NULL};
     if (known_fields(o, names, "a completion request", e) || get_common(o, r, e))
         return -1;
     r->max_tokens = 16; /* the legacy endpoint's default */
     long top = -1;
     if (get_int(o, "max_tokens", 0, 1L << 40, &r->max_tokens, e) ||
-        get_int(o, "logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e) || get_bool(o, "echo", &r->echo, e))
+        get_int(o, "logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e) || get_bool(o, "echo", &r->echo, e) ||
+        get_bool(o, "ignore_eos", &r->ignore_eos, e))
         return -1;
     r->logprobs = top >= 0;
     r->top_logprobs = top > 0 ? (int)top : 0;
@@ -512,7 +513,7 @@ int api_req_parse(api_kind kind, const char *body, size_t len, const char *model
         goto fail;
     static int (*const parse[])(const json_t *, api_req *, api_err *) = {
         [API_CHAT] = parse_chat, [API_COMPLETION] = parse_completion, [API_TOKENIZE] = parse_tokenize,
-        [API_DETOKENIZE] = parse_detokenize};
+        [API_DETOKENIZE] = parse_detokenize, [API_LOGITS] = parse_detokenize};
     if (parse[kind](r->body, r, e) == 0)
         return 0;
 fail:

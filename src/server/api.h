@@ -33,7 +33,8 @@ int api_err_set(api_err *e, int status, const char *type, const char *code, cons
 /* The error object as JSON text (malloc'd, NUL-terminated), NULL when out of memory. */
 char *api_err_json(const api_err *e);
 
-typedef enum api_kind { API_CHAT = 0, API_COMPLETION, API_TOKENIZE, API_DETOKENIZE } api_kind;
+/* API_LOGITS: serve --debug's POST /debug/logits {"tokens": [...]}, read as detokenize's body */
+typedef enum api_kind { API_CHAT = 0, API_COMPLETION, API_TOKENIZE, API_DETOKENIZE, API_LOGITS } api_kind;
 
 typedef struct api_req {
     api_kind kind;
@@ -57,6 +58,7 @@ typedef struct api_req {
     int logprobs;              /* 1: return logprobs */
     int top_logprobs;          /* 0 .. API_MAX_TOP_LOGPROBS (completions: the logprobs integer) */
     int echo;                  /* completions: the prompt's text leads the returned text */
+    int ignore_eos;            /* completions: generate max_tokens, through end-of-text ids (vLLM's) */
     int thinking;              /* chat: 1 (default) unless reasoning_effort "none" or
                                   chat_template_kwargs.thinking false */
     const char *effort;        /* chat: K3's thinking effort "low" | "high" | "max", NULL: default */

@@ -29,6 +29,7 @@ typedef struct server_opts {
     int context;              /* positions the session holds (0: 32768, at most the model's) */
     int timeout_s;            /* a connection idle this long is closed (30) */
     const char *cache_dir;    /* persist conversation states (not implemented: refused) */
+    int debug;                /* serve POST /debug/logits */
 } server_opts;
 
 void server_opts_default(server_opts *o);

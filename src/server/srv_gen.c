@@ -9,6 +9,7 @@
  * and is not part of the text.
  */
 #include <math.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -300,9 +301,9 @@ static int on_token(void *ud, int32_t id)
         size_t n;
         const char *t = tok_stream_feed(&g->ts, id, &n);
         content_add(g, t, n);
-        for (int k = 0; k < g->sv->n_eos; k++)
+        for (int k = 0; k < g->sv->n_eos && !g->rq->ignore_eos; k++)
             g->ended |= id == g->sv->eos[k];
-        g->ended |= tok_is_stop(g->sv->tk, id);
+        g->ended |= !g->rq->ignore_eos && tok_is_stop(g->sv->tk, id);
     }
     if (g->rq->logprobs)
         add_logprobs(g, id, g->content.n - before);
@@ -333,23 +334,25 @@ static void sse_put(genctx *g, json_t *c)
     free(s);
 }
 
+/* the logprobs gathered since the last chunk, handed over (fresh arrays take their place) */
 static json_t *take_logprobs(genctx *g)
 {
     if (!g->rq->logprobs)
         return json_null();
     json_t *v;
     if (g->chat) {
-        v = json_pack("{s:O}", "content", g->lp);
-        json_array_clear(g->lp);
+        v = json_pack("{s:o}", "content", g->lp);
+        g->lp = json_array();
     } else {
-        v = json_pack("{s:O, s:O, s:O, s:O}", "tokens", g->lp_tokens, "token_logprobs", g->lp_vals, "top_logprobs",
+        v = json_pack("{s:o, s:o, s:o, s:o}", "tokens", g->lp_tokens, "token_logprobs", g->lp_vals, "top_logprobs",
                       g->lp_top, "text_offset", g->lp_off);
-        json_array_clear(g->lp_tokens);
-        json_array_clear(g->lp_vals);
-        json_array_clear(g->lp_top);
-        json_array_clear(g->lp_off);
+        g->lp_tokens = json_array();
+        g->lp_vals = json_array();
+        g->lp_top = json_array();
+        g->lp_off = json_array();
     }
-    return v;
+    g->fail |= !v;
+    return v ? v : json_null();
 }
 
 static json_t *chat_choice(json_t *delta, json_t *logprobs, const char *finish)
@@ -538,7 +541,7 @@ static void run_job(srv *sv, job *j)
     for (int k = 0; k < nf && nstop < 32; k++)
         stop[nstop++] = fmt_stop[k];
     gen_req gr = {.prompt = j->prompt.v, .n_prompt = (int)j->prompt.n, .max_new = (int)max_new, .stop = stop,
-                  .n_stop = nstop, .drafters = sv->drafters, .n_drafters = sv->nd, .draft_max = sv->o.draft.max,
+                  .n_stop = rq->ignore_eos ? 0 : nstop, .drafters = sv->drafters, .n_drafters = sv->nd, .draft_max = sv->o.draft.max,
                   .step_done = on_step};
     if (gen_run(sv->s, &sm, &gr, on_token, rq->logprobs ? on_logits : NULL, &g, &st, &err) != 0)
         goto out;
@@ -609,6 +612,37 @@ out:;
     json_decref(g.lp_off);
 }
 
+/* serve --debug's logits route: the session brought to the ids (reusing what it holds, as a
+ * generation does), the last position's logits as base64 of float32 little-endian */
+static void run_logits(srv *sv, job *j)
+{
+    errbuf err;
+    session_stats a, b;
+    session_stats_get(sv->s, &a);
+    int rc = session_sync(sv->s, j->prompt.v, (int)j->prompt.n, &err);
+    session_stats_get(sv->s, &b);
+    const float *lg = rc == 0 ? session_last_logits(sv->s) : NULL;
+    char *b64 = NULL, *body = NULL;
+    size_t raw = sizeof(float) * (size_t)sv->vocab;
+    if (lg && (b64 = malloc(4 * ((raw + 2) / 3) + 1)) != NULL) {
+        EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)lg, (int)raw);
+        json_t *o = json_pack("{s:i, s:I, s:s}", "tokens", (int)j->prompt.n, "cached_tokens",
+                              (json_int_t)(b.reused - a.reused), "logits", b64);
+        body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+    }
+    free(b64);
+    if (!body) {
+        api_err ae;
+        api_err_set(&ae, 500, "server_error", NULL, NULL, "%s", rc ? err.msg : "out of memory");
+        body = api_err_json(&ae);
+    }
+    pthread_mutex_lock(&sv->mu);
+    j->status = body && lg ? 200 : 500;
+    j->body = body;
+    pthread_mutex_unlock(&sv->mu);
+}
+
 /* ---- the thread ---- */
 
 static int load(srv *sv, errbuf *err)
@@ -668,11 +702,15 @@ void *srv_gen_main(void *arg)
         if (!sv->queue)
             sv->queue_tail = NULL;
         sv->queued--;
+        sv->m.cancelled += j->cancel != 0; /* gone while it waited */
         if (!j->cancel) {
             j->state = JOB_RUNNING;
             sv->running = 1;
             pthread_mutex_unlock(&sv->mu);
-            run_job(sv, j);
+            if (j->rq.kind == API_LOGITS)
+                run_logits(sv, j);
+            else
+                run_job(sv, j);
             pthread_mutex_lock(&sv->mu);
             sv->running = 0;
         }

@@ -22,7 +22,9 @@
 #include "server/srv_int.h"
 #include "store/store.h"
 
-enum route { R_NONE, R_PAGE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE };
+enum route {
+    R_NONE, R_PAGE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_LOGITS
+};
 
 static const struct {
     const char *path, *method;
@@ -36,6 +38,7 @@ static const struct {
     {.path = "/v1/completions", .method = "POST", .r = R_COMPLETIONS},
     {.path = "/tokenize", .method = "POST", .r = R_TOKENIZE},
     {.path = "/detokenize", .method = "POST", .r = R_DETOKENIZE},
+    {.path = "/debug/logits", .method = "POST", .r = R_LOGITS}, /* only with --debug */
 };
 
 /* the status codes /metrics counts one by one (others only by class) */
@@ -323,14 +326,14 @@ static enum MHD_Result generate(srv *sv, struct MHD_Connection *c, conn *cx, api
     }
     const api_req *rq = &j->rq;
     int rc;
-    const char *param = kind == API_CHAT ? "messages" : "prompt";
+    const char *param = kind == API_CHAT ? "messages" : kind == API_LOGITS ? "tokens" : "prompt";
     if (kind == API_CHAT) {
         tok_chat_opts co;
         tok_chat_opts_init(&co);
         co.thinking = rq->thinking;
         co.thinking_effort = rq->effort;
         rc = tok_chat_encode(sv->tk, rq->chat, &co, &j->prompt, &err);
-    } else if (rq->prompt) {
+    } else if (kind == API_COMPLETION && rq->prompt) {
         rc = tok_encode(sv->tk, rq->prompt, rq->prompt_len, TOK_SPECIAL_NONE, &j->prompt, &err);
     } else {
         rc = 0;
@@ -366,7 +369,7 @@ static enum MHD_Result generate(srv *sv, struct MHD_Connection *c, conn *cx, api
         return respond_err(sv, c, &e);
     }
     cx->j = j;
-    if (rq->stream) {
+    if (rq->stream && kind != API_LOGITS) {
         j->refs++; /* the response's, released by stream_free */
         pthread_mutex_unlock(&sv->mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, j, stream_free);
@@ -443,7 +446,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cx->fd = ci ? ci->connect_fd : -1;
         int known = 0;
         for (size_t k = 0; k < sizeof ROUTES / sizeof ROUTES[0] && !cx->r; k++)
-            if (!strcmp(url, ROUTES[k].path)) {
+            if (!strcmp(url, ROUTES[k].path) && (ROUTES[k].r != R_LOGITS || sv->o.debug)) {
                 known = 1;
                 if (!strcmp(method, ROUTES[k].method) || (!strcmp(method, "HEAD") && !strcmp(ROUTES[k].method, "GET")))
                     cx->r = ROUTES[k].r;
@@ -503,6 +506,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return tokenize(sv, c, cx, API_TOKENIZE);
     case R_DETOKENIZE:
         return tokenize(sv, c, cx, API_DETOKENIZE);
+    case R_LOGITS:
+        return generate(sv, c, cx, API_LOGITS);
     case R_NONE:
         break;
     }
@@ -534,11 +539,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 const char SERVER_OPTS_HELP[] =
     "serve: [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-tokens N] [--max-request-bytes N]\n"
-    "       [--queue N] [--context N] [--timeout S] [--cache-dir DIR]\n"
+    "       [--queue N] [--context N] [--timeout S] [--cache-dir DIR] [--debug]\n"
     "  --api-key (or DELTAFIN_API_KEY) makes every route but /health and the chat page need\n"
     "  Authorization: Bearer KEY. --max-tokens caps any response (default 1000000); --queue bounds the\n"
     "  generations waiting behind the running one (default 16; more is 429); --context the positions the\n"
-    "  session holds (default 32768, at most the model's); --timeout closes idle connections (30 s).\n";
+    "  session holds (default 32768, at most the model's); --timeout closes idle connections (30 s).\n"
+    "  --debug adds POST /debug/logits {\"tokens\":[...]}: the last position's logits after the session\n"
+    "  is brought to the tokens (prefix reuse included), base64 float32, for exactness tests.\n";
 
 void server_opts_default(server_opts *o)
 {
@@ -559,6 +566,10 @@ void server_opts_default(server_opts *o)
 int server_opts_parse(server_opts *o, int argc, char **argv, int *i, errbuf *err)
 {
     int r;
+    if (!strcmp(argv[*i], "--debug")) {
+        o->debug = 1;
+        return 1;
+    }
     if ((r = engine_opts_parse(&o->eng, argc, argv, i, err)) != 0 || (r = draft_opts_parse(&o->draft, argc, argv, i, err)) != 0)
         return r;
     static const char *const names[] = {"--host",  "--port",    "--api-key", "--max-tokens", "--max-request-bytes",

@@ -1,5 +1,5 @@
 /* fuzz_api.c — the server's request reader (server/api.h) on arbitrary bytes: the first byte picks
- * the route (chat, completion, tokenize, detokenize), the rest is the body. Either a 4xx/5xx error
+ * the route (chat, completion, tokenize, detokenize, debug logits), the rest is the body. Either a 4xx/5xx error
  * with a message and an error object that is valid JSON, or a request whose every field is within
  * its documented range; never a crash. */
 #include <assert.h>
@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    api_kind kind = (api_kind)(data[0] % 4);
+    api_kind kind = (api_kind)(data[0] % 5);
     api_req r;
     api_err e;
     if (api_req_parse(kind, (const char *)data + 1, size - 1, "default", &r, &e) != 0) {

@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""tests/server/http_test.py DELTAFIN [STORE] -- `deltafin serve` from raw HTTP, on loopback.
+
+Every route and every error status the server answers, streaming (SSE framing, usage chunk,
+stop strings held back across chunks), cancellation of running and queued generations by a
+client that goes away, prefix reuse (logits through --debug's /debug/logits against a cold
+`deltafin eval`, memcmp), and a bounded load test (8 clients, a few hundred requests with
+malformed and hostile ones mixed in; the server stays up, answers every valid request with the
+reference answer, and ends with no more file descriptors and a bounded RSS).
+
+STORE (optional): a DFSP store of the bundled model, for the 503-while-loading check (its drives
+emulated slow so that loading takes seconds). Prints "ok   NAME" / "FAIL NAME: why" per check and
+a last line "N passed, M failed"; exit status 0 only when nothing failed. Standard library only.
+"""
+import base64
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/deltafin"
+STORE = sys.argv[2] if len(sys.argv) > 2 else None
+passed = failed = 0
+
+
+def check(name, ok, why=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print("ok   server " + name)
+    else:
+        failed += 1
+        print("FAIL server %s: %s" % (name, why))
+    sys.stdout.flush()
+    return ok
+
+
+class Server:
+    def __init__(self, *args):
+        self.p = subprocess.Popen([BIN, "serve", "--port", "0"] + list(args), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line.startswith("listening on http://"):
+            raise RuntimeError("no listening line: %r %s" % (line, self.p.stderr.read()))
+        self.host, port = line.split("//")[1].strip().rsplit(":", 1)
+        self.port = int(port)
+
+    def wait_ready(self):
+        line = self.p.stdout.readline()
+        if not line.startswith("ready"):
+            raise RuntimeError("no ready line: %r %s" % (line, self.p.stderr.read()))
+        return self
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            self.p.wait(20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        return self.p.returncode
+
+    def req(self, method, path, body=None, headers=None, timeout=60):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        h = dict(headers or {})
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+            h.setdefault("Content-Type", "application/json")
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, dict(r.getheaders()), data
+
+    def jreq(self, method, path, body=None, headers=None):
+        st, h, data = self.req(method, path, body, headers)
+        try:
+            return st, json.loads(data)
+        except ValueError:
+            return st, {"raw": data.decode("utf-8", "replace")}
+
+    def stream(self, path, body, headers=None):
+        """the SSE events of a streamed request, in order, as raw strings"""
+        st, h, data = self.req("POST", path, body, headers)
+        text = data.decode()
+        return st, h, text
+
+    def metrics(self):
+        st, h, data = self.req("GET", "/metrics")
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def fds(self):
+        return len(os.listdir("/proc/%d/fd" % self.p.pid))
+
+    def rss_kb(self):
+        for line in open("/proc/%d/status" % self.p.pid):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+
+def is_err(body, status_code=None, param=None, code=None):
+    e = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(e, dict) or not isinstance(e.get("message"), str) or "type" not in e:
+        return False
+    if "param" not in e or "code" not in e:
+        return False
+    return (param is None or e["param"] == param) and (code is None or e["code"] == code)
+
+
+def sse_events(text):
+    """data payloads of an SSE body; the framing must be exact: 'data: X' blocks split by blank lines"""
+    evs = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        if block.startswith(":"):
+            continue
+        assert block.startswith("data: "), block[:80]
+        evs.append(block[6:])
+    return evs
+
+
+CHAT = {"model": "default", "messages": [{"role": "user", "content": "Write a function that sorts a list."}],
+        "temperature": 0, "max_tokens": 24}
+
+
+def test_routes(s):
+    st, b = s.jreq("GET", "/health")
+    check("GET /health", st == 200 and b.get("status") == "ok", (st, b))
+    st, b = s.jreq("GET", "/v1/models")
+    check("GET /v1/models", st == 200 and b["object"] == "list" and b["data"][0]["id"] == "default", (st, b))
+    st, b = s.jreq("GET", "/v1/models/default")
+    check("GET /v1/models/default", st == 200 and b["id"] == "default" and b["object"] == "model", (st, b))
+    st, b = s.jreq("GET", "/v1/models/gpt-4")
+    check("GET /v1/models/unknown is 404 model_not_found", st == 404 and is_err(b, code="model_not_found"), (st, b))
+    st, h, data = s.req("GET", "/")
+    check("GET / serves the chat page", st == 200 and h.get("Content-Type", "").startswith("text/html")
+          and b"<html" in data and b"/v1/chat/completions" in data and b"src=\"http" not in data, st)
+    st, h, data = s.req("GET", "/metrics")
+    check("GET /metrics is Prometheus text", st == 200 and h.get("Content-Type", "").startswith("text/plain")
+          and b"# TYPE deltafin_generation_tokens_total counter" in data, st)
+    st, b = s.jreq("POST", "/tokenize", {"content": "hello world", "with_pieces": True})
+    ok = st == 200 and b["tokens"] and "".join(p["piece"] for p in b["pieces"]) == "hello world"
+    check("POST /tokenize", ok, (st, b))
+    st2, b2 = s.jreq("POST", "/detokenize", {"tokens": b.get("tokens", [])})
+    check("POST /detokenize round trip", st2 == 200 and b2.get("content") == "hello world", (st2, b2))
+    st, b = s.jreq("POST", "/tokenize", {"messages": CHAT["messages"]})
+    check("POST /tokenize with messages", st == 200 and len(b.get("tokens", [])) > 5, (st, b))
+    st, b = s.jreq("POST", "/detokenize", {"tokens": [10 ** 9]})
+    check("POST /detokenize out-of-vocabulary is 400", st == 400 and is_err(b, param="tokens"), (st, b))
+
+    st, b = s.jreq("POST", "/v1/chat/completions", CHAT)
+    m = b.get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+    u = b.get("usage", {})
+    check("POST /v1/chat/completions", st == 200 and b["object"] == "chat.completion" and b["id"].startswith("chatcmpl-")
+          and isinstance(m.get("content"), str) and m.get("role") == "assistant"
+          and b["choices"][0]["finish_reason"] == "length" and u.get("completion_tokens") == 24
+          and u["total_tokens"] == u["prompt_tokens"] + 24 and "cached_tokens" in u.get("prompt_tokens_details", {}),
+          (st, b))
+    st, b = s.jreq("POST", "/v1/completions", {"prompt": "def fibonacci(n):", "max_tokens": 10, "temperature": 0})
+    check("POST /v1/completions", st == 200 and b["object"] == "text_completion" and isinstance(b["choices"][0]["text"], str)
+          and b["usage"]["completion_tokens"] == 10, (st, b))
+    st, b2 = s.jreq("POST", "/v1/completions", {"prompt": "def fibonacci(n):", "max_tokens": 10, "temperature": 0, "echo": True})
+    check("completions echo", st == 200 and b2["choices"][0]["text"] == "def fibonacci(n):" + b["choices"][0]["text"], b2)
+    st, ids = s.jreq("POST", "/tokenize", {"content": "def fibonacci(n):"})
+    st, b3 = s.jreq("POST", "/v1/completions", {"prompt": ids["tokens"], "max_tokens": 10, "temperature": 0})
+    check("completions from token ids equal text", st == 200 and b3["choices"][0]["text"] == b["choices"][0]["text"], b3)
+    st, b4 = s.jreq("POST", "/v1/completions", {"prompt": "def fibonacci(n):", "max_tokens": 4, "temperature": 0, "logprobs": 3})
+    lp = b4.get("choices", [{}])[0].get("logprobs") or {}
+    ok = (st == 200 and len(lp.get("tokens", [])) == 4 and len(lp.get("token_logprobs", [])) == 4
+          and all(v <= 0 for v in lp["token_logprobs"]) and all(len(t) == 3 for t in lp["top_logprobs"])
+          and all(lp["token_logprobs"][i] == max(lp["top_logprobs"][i].values()) for i in range(4)))
+    check("completions logprobs (greedy: each token is its top alternative)", ok, b4)
+    st, b5 = s.jreq("POST", "/v1/chat/completions", dict(CHAT, max_tokens=3, logprobs=True, top_logprobs=2))
+    lc = (b5.get("choices", [{}])[0].get("logprobs") or {}).get("content", [])
+    check("chat logprobs", st == 200 and len(lc) == 3 and all(len(e["top_logprobs"]) == 2 and "bytes" in e for e in lc), b5)
+    # the same seed samples the same tokens, and sampling differs from greedy somewhere
+    samp = dict(CHAT, temperature=1.0, seed=1234)
+    r1 = s.jreq("POST", "/v1/chat/completions", samp)[1]["choices"][0]["message"]["content"]
+    r2 = s.jreq("POST", "/v1/chat/completions", samp)[1]["choices"][0]["message"]["content"]
+    check("seeded sampling repeats", r1 == r2, (r1, r2))
+
+
+def test_errors(s):
+    bad = [
+        ("bad JSON", "/v1/chat/completions", b"{\"messages\": [", 400, None),
+        ("unknown field", "/v1/chat/completions", dict(CHAT, frobnicate=1), 400, "frobnicate"),
+        ("wrong type", "/v1/chat/completions", dict(CHAT, temperature="hot"), 400, "temperature"),
+        ("out of range", "/v1/chat/completions", dict(CHAT, top_p=1.5), 400, "top_p"),
+        ("n > 1", "/v1/chat/completions", dict(CHAT, n=2), 400, "n"),
+        ("image content", "/v1/chat/completions",
+         dict(CHAT, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+         "messages[0].content"),
+        ("penalty", "/v1/chat/completions", dict(CHAT, presence_penalty=1.0), 400, "presence_penalty"),
+        ("json_schema", "/v1/chat/completions", dict(CHAT, response_format={"type": "json_schema"}), 400, "response_format"),
+        ("five stops", "/v1/chat/completions", dict(CHAT, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+        ("no prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+        ("suffix", "/v1/completions", {"prompt": "a", "suffix": "b"}, 400, "suffix"),
+        ("token id out of vocabulary", "/v1/completions", {"prompt": [10 ** 8]}, 400, "prompt"),
+        ("context exceeded", "/v1/completions", {"prompt": "x " * 9000}, 400, "prompt"),
+        ("wrong model", "/v1/chat/completions", dict(CHAT, model="gpt-4"), 404, "model"),
+    ]
+    for name, path, body, status, param in bad:
+        st, b = s.jreq("POST", path, body)
+        check("%d on %s" % (status, name), st == status and is_err(b, param=param), (st, b))
+    st, b = s.jreq("POST", "/v1/completions", {"prompt": "x " * 9000})
+    check("context_length_exceeded code", is_err(b, code="context_length_exceeded"), b)
+    st, b = s.jreq("GET", "/nowhere")
+    check("404 on an unknown route", st == 404 and is_err(b), (st, b))
+    st, b = s.jreq("DELETE", "/v1/models")
+    check("405 on a wrong method", st == 405 and is_err(b), (st, b))
+    st, b = s.jreq("GET", "/v1/chat/completions")
+    check("405 on GET of a POST route", st == 405 and is_err(b), (st, b))
+    st, b = s.jreq("POST", "/debug/logits", {"tokens": [1]})
+    check("no /debug route without --debug", st == 404, (st, b))
+    big = json.dumps(dict(CHAT, messages=[{"role": "user", "content": "a" * 70000}]))
+    st, b = s.jreq("POST", "/v1/chat/completions", big)
+    check("413 on a body over --max-request-bytes", st == 413 and is_err(b, code="request_too_large"), (st, b))
+    # chunked upload growing past the limit: refused without a Content-Length
+    c = socket.create_connection((s.host, s.port), timeout=10)
+    c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"a" * 16384
+    try:
+        for _ in range(6):
+            c.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        c.sendall(b"0\r\n\r\n")
+    except OSError:
+        pass
+    resp = b""
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            resp += d
+            if b"\r\n\r\n" in resp and resp.rstrip().endswith(b"}"):
+                break
+    except OSError:
+        pass
+    c.close()
+    check("413 on a chunked body over the limit", resp.startswith(b"HTTP/1.1 413"), resp[:60])
+
+
+def test_auth():
+    s = Server("--api-key", "sekrit", "--draft", "none").wait_ready()
+    try:
+        st, b = s.jreq("GET", "/v1/models")
+        check("401 without a key", st == 401 and is_err(b, code="invalid_api_key"), (st, b))
+        st, b = s.jreq("GET", "/v1/models", headers={"Authorization": "Bearer wrong!"})
+        check("401 with a wrong key", st == 401 and is_err(b), (st, b))
+        st, b = s.jreq("GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})
+        check("200 with the key", st == 200, (st, b))
+        st, b = s.jreq("GET", "/health")
+        check("/health needs no key", st == 200, (st, b))
+        st, b = s.jreq("POST", "/v1/chat/completions", CHAT)
+        check("401 on a generation without a key", st == 401, (st, b))
+    finally:
+        s.stop()
+
+
+def test_loading():
+    if not STORE:
+        check("503 while loading", False, "no store given (tests/run.sh prepares one)")
+        return
+    s = Server("--model", STORE, "--emulate-drives", "2:5000", "--ram-budget", "6M", "--draft", "none")
+    try:
+        st, b = s.jreq("POST", "/v1/completions", {"model": os.path.basename(STORE.rstrip("/")), "prompt": "hi"})
+        st2, b2 = s.jreq("GET", "/health")
+        check("503 while loading", st == 503 and is_err(b, code="model_loading"), (st, b))
+        check("/health says loading", st2 == 503 and b2.get("status") == "loading", (st2, b2))
+        s.wait_ready()
+        st, b = s.jreq("GET", "/health")
+        check("/health ok once loaded", st == 200, (st, b))
+    finally:
+        s.stop()
+
+
+def test_stream(s):
+    ref = s.jreq("POST", "/v1/chat/completions", CHAT)[1]
+    st, h, text = s.stream("/v1/chat/completions", dict(CHAT, stream=True, stream_options={"include_usage": True}))
+    evs = sse_events(text)
+    ok = st == 200 and h.get("Content-Type") == "text/event-stream" and evs[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in evs[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    ok = ok and all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    ok = ok and chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+    ok = ok and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 24
+    ok = ok and all(c.get("usage", 0) is None for c in chunks[:-1])
+    fin = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    ok = ok and fin[-1] == "length" and all(f is None for f in fin[:-1])
+    check("chat stream: SSE chunks, usage chunk, [DONE]", ok, text[:400])
+    check("chat stream text equals the whole response", content == ref["choices"][0]["message"]["content"],
+          (content, ref["choices"][0]["message"]["content"]))
+    st, h, text = s.stream("/v1/chat/completions", dict(CHAT, stream=True))
+    chunks = [json.loads(e) for e in sse_events(text)[:-1]]
+    check("no usage chunk unless asked", all("usage" not in c for c in chunks) and chunks[-1]["choices"], text[-300:])
+    # completions stream
+    body = {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0}
+    whole = s.jreq("POST", "/v1/completions", body)[1]["choices"][0]["text"]
+    st, h, text = s.stream("/v1/completions", dict(body, stream=True))
+    evs = sse_events(text)
+    streamed = "".join(json.loads(e)["choices"][0]["text"] for e in evs[:-1])
+    check("completions stream equals the whole response", evs[-1] == "[DONE]" and streamed == whole, (streamed, whole))
+    # stop strings: a piece of the greedy text that spans tokens is never emitted, not even in part
+    long = {"prompt": "def fibonacci(n):", "max_tokens": 40, "temperature": 0}
+    full = s.jreq("POST", "/v1/completions", long)[1]["choices"][0]["text"]
+    pieces = s.jreq("POST", "/tokenize", {"content": "def fibonacci(n):" + full, "with_pieces": True})[1]["pieces"]
+    # a stop string that starts inside one token and ends inside a later one
+    at, cut = 0, None
+    for p in pieces:
+        if at > len("def fibonacci(n):") + 4 and len(p["piece"]) >= 2 and cut is None:
+            cut = at - len("def fibonacci(n):") + 1
+        at += len(p["piece"])
+    stop = full[cut:cut + 4] if cut is not None else ""
+    if len(stop) == 4 and full.find(stop) == cut:
+        st, h, text = s.stream("/v1/completions", dict(long, stream=True, stop=[stop, "zzzz-never"]))
+        evs = sse_events(text)
+        got = "".join(json.loads(e)["choices"][0]["text"] for e in evs[:-1])
+        fin = json.loads(evs[-2])["choices"][0]["finish_reason"]
+        check("stop string held back across chunks, never emitted", got == full[:cut] and fin == "stop",
+              (stop, got, full[:cut], fin))
+        st, b = s.jreq("POST", "/v1/completions", dict(long, stop=stop))
+        check("stop string (whole response)", b["choices"][0]["text"] == full[:cut] and b["choices"][0]["finish_reason"] == "stop", b)
+    else:
+        check("stop string held back across chunks, never emitted", False, "no usable stop piece in %r" % full)
+
+
+# a generation that runs until its client goes away: raw completion through end-of-text
+LONG = {"prompt": "def main():", "max_tokens": 1000000, "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+def open_stream(s, body, path="/v1/completions"):
+    c = socket.create_connection((s.host, s.port), timeout=30)
+    data = json.dumps(body).encode()
+    c.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return c
+
+
+def wait_idle(s, t=20):
+    end = time.time() + t
+    while time.time() < end:
+        m = s.metrics()
+        if m.get("deltafin_running") == 0 and m.get("deltafin_queue_depth") == 0:
+            return m
+        time.sleep(0.05)
+    return s.metrics()
+
+
+def test_cancel(s):
+    wait_idle(s)
+    m0 = s.metrics()
+    long = LONG
+    c = open_stream(s, long)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += c.recv(4096)
+    c.close()
+    m1 = wait_idle(s)
+    gen = m1["deltafin_generation_tokens_total"] - m0["deltafin_generation_tokens_total"]
+    check("a stream the client drops is cancelled", m1["deltafin_cancelled_total"] == m0["deltafin_cancelled_total"] + 1
+          and gen < 5000, (gen, m1["deltafin_cancelled_total"]))
+    # queued: one runs, one waits and goes away; then the running one goes away too
+    a = open_stream(s, long)
+    got = b""
+    while got.count(b"data: ") < 2:
+        got += a.recv(4096)
+    b = open_stream(s, dict(LONG, stream=False))
+    end = time.time() + 10
+    while s.metrics()["deltafin_queue_depth"] < 1 and time.time() < end:
+        time.sleep(0.02)
+    b.close()
+    time.sleep(0.3)
+    a.close()
+    m2 = wait_idle(s)
+    check("a queued request the client drops never runs",
+          m2["deltafin_cancelled_total"] == m1["deltafin_cancelled_total"] + 2
+          and m2["deltafin_generation_requests_total"] == m1["deltafin_generation_requests_total"] + 1,
+          (m1, m2))
+
+
+def test_queue():
+    s = Server("--queue", "1", "--draft", "none").wait_ready()
+    try:
+        long = LONG
+        a = open_stream(s, long)
+        got = b""
+        while got.count(b"data: ") < 2:
+            got += a.recv(4096)
+        b = open_stream(s, long)
+        end = time.time() + 10
+        while s.metrics()["deltafin_queue_depth"] < 1 and time.time() < end:
+            time.sleep(0.02)
+        st, body = s.jreq("POST", "/v1/chat/completions", CHAT)
+        check("429 when the queue is full", st == 429 and is_err(body, code="queue_full")
+              and body["error"]["type"] == "rate_limit_error", (st, body))
+        t0 = time.time()
+        st, _ = s.jreq("GET", "/health")
+        st2, _ = s.jreq("POST", "/tokenize", {"content": "x"})
+        check("non-generating routes never wait", st == 200 and st2 == 200 and time.time() - t0 < 2.0, time.time() - t0)
+        a.close()
+        b.close()
+        wait_idle(s)
+    finally:
+        s.stop()
+
+
+def b64logits(s, ids):
+    st, b = s.jreq("POST", "/debug/logits", {"tokens": ids})
+    return st, b
+
+
+def test_prefix_reuse():
+    s = Server("--debug").wait_ready()
+    try:
+        turn1 = [{"role": "user", "content": "Write a function that reverses a string."}]
+        r = s.jreq("POST", "/v1/chat/completions", {"messages": turn1, "temperature": 0, "max_tokens": 30})[1]
+        msg = r["choices"][0]["message"]
+        turn2 = turn1 + [{"role": "assistant", "content": msg["content"]}, {"role": "user", "content": "Now in C."}]
+        r2 = s.jreq("POST", "/v1/chat/completions", {"messages": turn2, "temperature": 0, "max_tokens": 8})[1]
+        cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("a follow-up turn reuses the conversation's prefix", cached >= r["usage"]["prompt_tokens"],
+              (cached, r["usage"]))
+        ids = s.jreq("POST", "/tokenize", {"messages": turn2 + [{"role": "user", "content": "And in Rust?"}]})[1]["tokens"]
+        st, b = b64logits(s, ids)
+        warm = base64.b64decode(b["logits"]) if st == 200 else b""
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "l.bin")
+            subprocess.run([BIN, "eval", "--tokens", ",".join(map(str, ids)), "--logits-out", out], check=True,
+                           capture_output=True)
+            cold = open(out, "rb").read()[-len(warm):] if warm else b""
+        check("prefix-reused logits are a cold run's bits (memcmp with eval)", st == 200 and b["cached_tokens"] > 0
+              and len(warm) > 0 and warm == cold, (st, b.get("cached_tokens"), len(warm)))
+    finally:
+        s.stop()
+
+
+def load_worker(s, k, n, refs, errors, stats):
+    rnd = random.Random(k)
+    for i in range(n):
+        kind = rnd.randrange(9)
+        try:
+            if kind <= 2:  # a valid request whose answer is known
+                name, path, body = refs[rnd.randrange(len(refs))][:3]
+                st, b = s.jreq("POST", path, body)
+                want = refs[[r[0] for r in refs].index(name)][3]
+                got = b["choices"][0].get("text", None) if path == "/v1/completions" else b["choices"][0]["message"]["content"]
+                if st != 200 or got != want:
+                    errors.append(("valid %s" % name, st, got, want))
+                stats["valid"] += 1
+            elif kind == 3:  # malformed JSON
+                st, b = s.jreq("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"')
+                if st != 400:
+                    errors.append(("malformed", st, b))
+            elif kind == 4:  # wrong types
+                st, b = s.jreq("POST", "/v1/completions", {"prompt": {"a": 1}, "max_tokens": "many"})
+                if st != 400:
+                    errors.append(("types", st, b))
+            elif kind == 5:  # oversized
+                st, b = s.jreq("POST", "/v1/completions", {"prompt": "z" * 70000})
+                if st != 413:
+                    errors.append(("oversized", st))
+            elif kind == 6:  # slow-loris: half a header, then silence; the server times it out
+                c = socket.create_connection((s.host, s.port), timeout=10)
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+                stats["loris"].append(c)
+            elif kind == 7:  # abrupt disconnect mid-stream
+                c = open_stream(s, dict(CHAT, max_tokens=500, stream=True), "/v1/chat/completions")
+                c.recv(512)
+                c.close()
+            else:  # garbage bytes
+                c = socket.create_connection((s.host, s.port), timeout=10)
+                c.sendall(bytes(rnd.randrange(256) for _ in range(300)) + b"\r\n\r\n")
+                try:
+                    c.recv(4096)
+                except OSError:
+                    pass
+                c.close()
+        except Exception as e:  # noqa: BLE001 - any failure of the client side is a finding
+            errors.append(("exception", kind, repr(e)))
+
+
+def test_load():
+    s = Server("--timeout", "2", "--max-request-bytes", "65536").wait_ready()
+    try:
+        refs = []
+        for k, prompt in enumerate(["def add(a, b):", "import os\n", "class Stack:", "for i in range(10):"]):
+            body = {"prompt": prompt, "max_tokens": 12, "temperature": 0}
+            refs.append(("c%d" % k, "/v1/completions", body, s.jreq("POST", "/v1/completions", body)[1]["choices"][0]["text"]))
+            cb = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 10, "temperature": 0}
+            refs.append(("h%d" % k, "/v1/chat/completions", cb,
+                         s.jreq("POST", "/v1/chat/completions", cb)[1]["choices"][0]["message"]["content"]))
+        wait_idle(s)
+        time.sleep(0.3)
+        fd0, rss0 = s.fds(), s.rss_kb()
+        errors, stats = [], {"valid": 0, "loris": []}
+        ts = [threading.Thread(target=load_worker, args=(s, k, 40, refs, errors, stats)) for k in range(8)]
+        t0 = time.time()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        took = time.time() - t0
+        for c in stats["loris"]:
+            c.close()
+        wait_idle(s)
+        time.sleep(2.5)  # past --timeout: every connection the clients left is closed
+        fd1, rss1 = s.fds(), s.rss_kb()
+        st, _ = s.jreq("GET", "/health")
+        check("load: 320 requests from 8 clients, every valid one answered correctly (%d valid, %.1f s)"
+              % (stats["valid"], took), not errors and st == 200 and s.p.poll() is None, errors[:3])
+        check("load: no file descriptor leaked (%d before, %d after)" % (fd0, fd1), fd1 <= fd0, (fd0, fd1))
+        check("load: RSS within 64 MiB of where it started (%d -> %d KiB)" % (rss0, rss1), rss1 - rss0 < 65536,
+              (rss0, rss1))
+    finally:
+        rc = s.stop()
+        check("load: the server stops cleanly on SIGTERM", rc == 0, rc)
+
+
+def main():
+    s = Server("--max-request-bytes", "65536", "--context", "4096").wait_ready()
+    try:
+        test_routes(s)
+        test_errors(s)
+        test_stream(s)
+        test_cancel(s)
+    finally:
+        check("stops cleanly on SIGTERM", s.stop() == 0)
+    test_auth()
+    test_queue()
+    test_loading()
+    test_prefix_reuse()
+    test_load()
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
