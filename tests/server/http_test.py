@@ -43,27 +43,38 @@ def check(name, ok, why=""):
 
 class Server:
     def __init__(self, *args):
+        self.name = " ".join(args) or "defaults"
+        self.err = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill and stall it
         self.p = subprocess.Popen([BIN, "serve", "--port", "0"] + list(args), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=self.err, text=True)
         line = self.p.stdout.readline()
         if not line.startswith("listening on http://"):
-            raise RuntimeError("no listening line: %r %s" % (line, self.p.stderr.read()))
+            raise RuntimeError("no listening line: %r %s" % (line, self.stderr()))
         self.host, port = line.split("//")[1].strip().rsplit(":", 1)
         self.port = int(port)
 
     def wait_ready(self):
         line = self.p.stdout.readline()
         if not line.startswith("ready"):
-            raise RuntimeError("no ready line: %r %s" % (line, self.p.stderr.read()))
+            raise RuntimeError("no ready line: %r %s" % (line, self.stderr()))
         return self
 
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read()
+
     def stop(self):
+        """SIGTERM; a clean stop is exit status 0 with nothing on stderr but its own error lines
+        (a sanitizer's report fails it)"""
         self.p.terminate()
         try:
-            self.p.wait(20)
+            self.p.wait(60)
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
+        err = self.stderr()
+        check("serve %s: stops cleanly on SIGTERM" % self.name, self.p.returncode == 0 and "Sanitizer" not in err,
+              (self.p.returncode, err[-2000:]))
         return self.p.returncode
 
     def req(self, method, path, body=None, headers=None, timeout=60):
@@ -522,11 +533,13 @@ def test_load():
         check("load: 320 requests from 8 clients, every valid one answered correctly (%d valid, %.1f s)"
               % (stats["valid"], took), not errors and st == 200 and s.p.poll() is None, errors[:3])
         check("load: no file descriptor leaked (%d before, %d after)" % (fd0, fd1), fd1 <= fd0, (fd0, fd1))
-        check("load: RSS within 64 MiB of where it started (%d -> %d KiB)" % (rss0, rss1), rss1 - rss0 < 65536,
-              (rss0, rss1))
+        # a sanitizer's quarantine and shadow memory grow by design: a looser bound there
+        libs = subprocess.run(["ldd", BIN], capture_output=True, text=True).stdout
+        bound = 256 if ("libasan" in libs or "libtsan" in libs) else 64
+        check("load: RSS within %d MiB of where it started (%d -> %d KiB)" % (bound, rss0, rss1),
+              rss1 - rss0 < bound * 1024, (rss0, rss1))
     finally:
-        rc = s.stop()
-        check("load: the server stops cleanly on SIGTERM", rc == 0, rc)
+        s.stop()
 
 
 def main():
@@ -537,7 +550,7 @@ def main():
         test_stream(s)
         test_cancel(s)
     finally:
-        check("stops cleanly on SIGTERM", s.stop() == 0)
+        s.stop()
     test_auth()
     test_queue()
     test_loading()
