@@ -4,6 +4,8 @@
  *     emitted position are its bits (memcmp), for --draft-max 1, 3 and 7, prefill chunks of 1 and
  *     of all, 1 and 2 threads, from RAM and from a DFSP store at its smallest cache, on the bundled
  *     model and every oracle case; and no expert is read twice in one verify pass;
+ *   - sampling with plain guesses (every drafter here): the tokens and logits are a plain decode's
+ *     with the same seed (sample-and-match), with each configuration above;
  *   - sampling (temperature 0.8, top-p 0.95, 2000 seeds): the first 4 tokens with each drafter are
  *     distributed as without one (two-sample chi-square, p > 0.001), a drafter with a real
  *     distribution q included; a drafter that misstates its q fails the same test;
@@ -341,7 +343,7 @@ static void free_drafters(drafter **ds, int n)
  * prompt: draft-max 1, 3, 7 with the whole prompt in one pass on 2 threads, draft-max 7 with a
  * prefill chunk of 1 on 1 thread, and the economics (not fixed) on top. Guesses must be kept and
  * refused somewhere, or the test proves nothing. */
-static void greedy_default(int which, const json_t *messages, const char *prompt_file)
+static void greedy_default_at(int which, const json_t *messages, const char *prompt_file, float temperature)
 {
     errbuf err;
     engine *e2 = default_engine(2, NULL, 0, &err), *e1 = e2 ? default_engine(1, NULL, 0, &err) : NULL;
@@ -358,7 +360,7 @@ static void greedy_default(int which, const json_t *messages, const char *prompt
     int np = (int)ids.n, V = engine_hparams(e2)->vocab;
     run plain, r;
     CHECK(run_init(&plain, V) == 0 && run_init(&r, V) == 0);
-    gcfg g = {.max_new = 64, .kmax = 7};
+    gcfg g = {.max_new = 64, .kmax = 7, .temperature = temperature, .top_p = temperature > 0 ? 0.95f : 1.0f, .seed = 42};
     CHECKF(generate_once(e2, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
     static const struct {
         int kmax, chunk, threads, fixed;
@@ -399,7 +401,15 @@ static void greedy_default(int which, const json_t *messages, const char *prompt
     engine_free(e2);
 }
 
+static void greedy_default(int which, const json_t *messages, const char *prompt_file)
+{
+    greedy_default_at(which, messages, prompt_file, 0.0f);
+}
+
 static const char *code_prompt(void) { return test_data("drafting/dspark-ref/code1.py"); }
+/* Sampling with plain guesses is sample-and-match: the tokens (and their logits) are a plain
+ * decode's with the same seed, whatever the drafters and the economics chose. */
+TEST(draft_sampled_same_seed_same_tokens) { greedy_default_at(D_ALL, NULL, code_prompt(), 0.8f); }
 
 TEST(draft_greedy_ngram) { greedy_default(D_NGRAM, NULL, code_prompt()); }
 TEST(draft_greedy_qwen) { greedy_default(D_QWEN, NULL, code_prompt()); }

@@ -186,11 +186,19 @@ static int emit(emitter *em, int32_t id, int64_t pos, const float *logits)
     return stop || em->st->n_gen >= em->rq->max_new;
 }
 
-/* a guess at `pos` ruled on from its row: 1 kept; else *next is the target's token there */
+/* a guess at `pos` ruled on from its row: 1 kept; else *next is the target's token there.
+ * A plain guess (q NULL: all its mass on one token) is sample-and-match: kept when it is the token
+ * the target draws there with its own random number, so the tokens are a plain decode's with the
+ * same seed whatever was drafted (and kept with probability p(guess), as speculative sampling's
+ * rule keeps it). A guess with a distribution q is kept when u < p / q, else the residual. */
 static int rule(sampler *sm, const float *row, int32_t guess, const float *q, int64_t pos, int32_t *next)
 {
     if (sm->cfg.temperature == 0.0f) {
         *next = sampler_argmax(row, sm->vocab);
+        return *next == guess;
+    }
+    if (!q) {
+        *next = sampler_pick(sm, row, pos);
         return *next == guess;
     }
     sampler_dist(sm, row);

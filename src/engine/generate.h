@@ -5,11 +5,14 @@
  * get the most tokens per second (the economics below), runs one verify pass over the anchor (the
  * newest decided token) and the k guesses, keeps the agreeing prefix and adds the target's own
  * next token, then keeps the pass in part (session_commit). Greedy: a guess is kept while it is
- * the target's argmax. Sampling: a guess d is kept when u < p(d) / q(d) (q = 1 for plain
- * guesses), otherwise the target's token is drawn from norm(max(p - q, 0)); when every guess is
- * kept a bonus token is drawn from the last row. Each token's random numbers come from (seed, its
- * position), so the result is distributed exactly as the target's, and greedy output, with the
- * logits of every emitted position, is bit for bit a plain decode's.
+ * the target's argmax. Sampling: a plain guess (no distribution: n-gram, Qwen, DSpark) is kept
+ * when it is the token the target draws at its position (sample-and-match); a guess d drawn from
+ * a distribution q is kept when u < p(d) / q(d), otherwise the target's token is drawn from
+ * norm(max(p - q, 0)); when every guess is kept a bonus token is drawn from the last row. Each
+ * token's random numbers come from (seed, its position), so the result is distributed exactly as
+ * the target's; with plain guesses, sampled output is the very tokens a plain decode with the same
+ * seed gives, and greedy output, with the logits of every emitted position, is bit for bit a plain
+ * decode's.
  *
  * Economics: expected tokens of a step with k guesses, E(k) = 1 + sum_i prod_{j<=i} a_j, from the
  * acceptance a_j measured per drafter, per class of its guesses (draft.h: cls) and per position in

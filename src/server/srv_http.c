@@ -41,6 +41,9 @@ static const struct {
     {.path = "/debug/logits", .method = "POST", .r = R_LOGITS}, /* only with --debug */
 };
 
+/* how much of a body over the limit is read and dropped before the connection is refused */
+enum { SRV_DRAIN_BYTES = 64 << 20 };
+
 /* the status codes /metrics counts one by one (others only by class) */
 static const int CODES[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 enum { N_CODES = sizeof CODES / sizeof CODES[0] };
@@ -49,6 +52,7 @@ typedef struct conn {
     enum route r;
     sbuf body;
     int too_big;
+    size_t dropped;   /* bytes of a too-big body read and dropped */
     int fd;
     job *j;       /* a generation's job, once queued */
     double t0;
@@ -463,15 +467,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cx->r != R_HEALTH && cx->r != R_PAGE && !authorized(sv, c))
             return fail(sv, c, 401, "invalid_request_error", "invalid_api_key", "%s",
                         "a valid API key is required: Authorization: Bearer KEY");
+        /* a body over the limit is read and dropped, so that a client still writing it (fetch, the
+         * SDKs) gets the 413 rather than a broken pipe; one far over it is refused at once */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)sv->o.max_request_bytes)
+        unsigned long long len = cl ? strtoull(cl, NULL, 10) : 0;
+        if (len > (unsigned long long)sv->o.max_request_bytes + SRV_DRAIN_BYTES)
             return fail(sv, c, 413, "invalid_request_error", "request_too_large", "the body is over %s bytes (--max-request-bytes)",
                         sv->limit_text);
+        cx->too_big = len > (unsigned long long)sv->o.max_request_bytes;
         return MHD_YES;
     }
     if (*upload_size) {
         if (!cx->too_big && cx->body.n + *upload_size > (size_t)sv->o.max_request_bytes)
             cx->too_big = 1;
+        cx->dropped += *upload_size * (cx->too_big != 0);
+        if (cx->dropped > SRV_DRAIN_BYTES) /* a chunked body that goes on and on: no more reading */
+            return fail(sv, c, 413, "invalid_request_error", "request_too_large",
+                        "the body is over %s bytes (--max-request-bytes)", sv->limit_text);
         if (!cx->too_big && sbuf_add(&cx->body, upload, *upload_size))
             return MHD_NO;
         *upload_size = 0;
