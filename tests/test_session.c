@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/file.h"
 #include "base/rng.h"
 #include "base/timer.h"
 #include "engine/generate.h"
@@ -152,6 +153,96 @@ static void sync_back_case(const char *name)
     engine_free(e);
     model_free(&m);
 }
+
+/* A saved session loaded into a fresh one is the same session: its state and logits memcmp-equal,
+ * every sync from it (extending it, or parting from it before its end, where its saved checkpoints
+ * serve) a cold run's bits, with positions reused. A damaged, cut-short or foreign file is refused
+ * with a message and leaves the session as it was. */
+static void save_load_case(const char *name)
+{
+    errbuf err;
+    model m;
+    engine *e = case_engine(name, &m, &err);
+    CHECKF(e, "%s", err.msg);
+    int V = m.hp.vocab;
+    session_opts so;
+    session_opts_default(&so);
+    so.context = 64;
+    so.max_pass = 7;
+    so.ckpt_every = 8;
+    session *a = NULL, *b = NULL;
+    CHECK(session_new(e, &so, &a, &err) == 0 && session_new(e, &so, &b, &err) == 0);
+    int32_t ids[48];
+    for (int i = 0; i < 48; i++)
+        ids[i] = (int32_t)((i * 53 + 11) % V);
+    char path[4200], bad[4300];
+    snprintf(path, sizeof path, "%s/state-%s.bin", test_tmpdir(), name);
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    CHECKF(session_sync(a, ids, 30, &err) == 0 && session_save(a, path, &err) == 0, "%s: %s", name, err.msg);
+    CHECKF(session_load(b, path, &err) == 0, "%s: %s", name, err.msg);
+    size_t ra, rb;
+    const void *sa = session_recurrent(a, &ra), *sb = session_recurrent(b, &rb);
+    CHECKF(session_len(b) == 30 && !memcmp(session_tokens(b), ids, 30 * sizeof *ids), "%s: tokens", name);
+    CHECKF(ra == rb && !memcmp(sa, sb, ra), "%s: the loaded recurrent state differs", name);
+    CHECKF(session_last_logits(b) && !memcmp(session_last_logits(a), session_last_logits(b), sizeof(float) * (size_t)V),
+           "%s: the loaded last logits differ", name);
+    static const int to[][2] = {{48, 30}, {20, 16}}; /* sync to n ids, parting from the saved at d */
+    for (int k = 0; k < 2 && !test_failed(); k++) {
+        session *c = NULL;
+        CHECK(session_new(e, &so, &c, &err) == 0 && session_load(c, path, &err) == 0);
+        int32_t want_ids[48];
+        memcpy(want_ids, ids, sizeof ids);
+        for (int i = to[k][1]; i < to[k][0]; i++)
+            want_ids[i] = (int32_t)((i * 7 + 3 + 97 * k) % V);
+        session_stats s0, s1;
+        session_stats_get(c, &s0);
+        CHECKF(session_sync(c, want_ids, to[k][0], &err) == 0, "%s: %s", name, err.msg);
+        session_stats_get(c, &s1);
+        float *cold = cold_last(&m, want_ids, to[k][0], &err);
+        CHECKF(cold, "%s", err.msg);
+        CHECKF(!memcmp(session_last_logits(c), cold, sizeof(float) * (size_t)V),
+               "%s: a sync to %d ids from the loaded state is not a cold run's bits", name, to[k][0]);
+        CHECKF(s1.reused > s0.reused, "%s: the sync to %d ids reused nothing of the loaded state", name, to[k][0]);
+        free(cold);
+        session_free(c);
+    }
+    /* bad files: one byte flipped, cut short, not a state; b holds the saved state throughout */
+    char *data = NULL;
+    size_t n = 0;
+    CHECKF(file_read_all(path, &data, &n, &err) == 0, "%s", err.msg);
+    CHECK(session_sync(b, ids, 10, &err) == 0);
+    for (int k = 0; k < 3 && !test_failed(); k++) {
+        char *copy = malloc(n);
+        CHECK(copy != NULL);
+        memcpy(copy, data, n);
+        size_t len = n;
+        if (k == 0)
+            copy[n / 2] ^= 0x40;
+        else if (k == 1)
+            len = n - 100;
+        else
+            memcpy(copy, "NOTSTATE", 8);
+        CHECK(file_write_atomic(bad, copy, len, &err) == 0);
+        free(copy);
+        CHECKF(session_load(b, bad, &err) != 0 && strstr(err.msg, bad), "%s: bad file %d was loaded", name, k);
+        CHECKF(strstr(err.msg, k == 0 ? "checksum" : k == 1 ? "cut short" : "not a Deltafin session state"),
+               "%s: bad file %d: %s", name, k, err.msg);
+        CHECKF(session_len(b) == 10 && !memcmp(session_tokens(b), ids, 10 * sizeof *ids),
+               "%s: a refused load changed the session", name);
+    }
+    free(data);
+    remove(path);
+    remove(bad);
+    session_free(a);
+    session_free(b);
+    engine_free(e);
+    model_free(&m);
+}
+
+TEST(session_save_load_kimi_k3) { save_load_case("kimi_k3-b"); }
+TEST(session_save_load_kimi_linear) { save_load_case("kimi_linear-a"); }
+TEST(session_save_load_deepseek) { save_load_case("deepseek_v3-a"); }
+TEST(session_save_load_qwen3) { save_load_case("qwen3-a"); }
 
 TEST(session_sync_back_runs_nothing_kimi_k3) { sync_back_case("kimi_k3-b"); }
 TEST(session_sync_back_runs_nothing_kimi_linear) { sync_back_case("kimi_linear-a"); }

@@ -179,6 +179,24 @@ typedef struct session_stats {
 } session_stats;
 void session_stats_get(const session *s, session_stats *out);
 
+/* ---- a session on disk (session_file.c) ---- */
+
+/* What makes the model's logits, as 64 hex digits (SHA-256 of config.json and the weights' manifest
+ * or safetensors headers with samples of their data): a saved state is only loaded by an engine
+ * with the same identity. */
+int engine_identity(engine *e, char out[65], errbuf *err);
+/* Writes what the session holds (its tokens, recurrent state, attention rows, last logits and
+ * checkpoints; a pending pass is kept whole first) to path atomically, with the engine's identity
+ * and a checksum. */
+int session_save(session *s, const char *path, errbuf *err);
+/* Replaces what the session holds by a saved state, once its identity, sizes, length and checksum
+ * are checked (a bad file leaves the session as it was). Afterwards the session is the saved one:
+ * its logits are the bits the saved session would have given. */
+int session_load(session *s, const char *path, errbuf *err);
+/* The tokens a saved state holds (malloc'd), its identity checked but not its checksum: for
+ * choosing which state to load. */
+int session_file_tokens(engine *e, const char *path, int32_t **ids, int *n, errbuf *err);
+
 /* The recurrent state (KDA S and conv windows of every KDA layer), as the next pass will read it,
  * for tests that compare sessions: *bytes gets its size. */
 const void *session_recurrent(const session *s, size_t *bytes);

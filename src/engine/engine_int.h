@@ -49,6 +49,7 @@ struct engine {
     int dfsp, spine_int8;
     atomic_int sessions;    /* alive; engine_free asserts none */
     atomic_int busy;        /* a thread is inside the engine */
+    char identity[65];      /* engine_identity, computed on first use ("" until then) */
     uint64_t verified_bytes; /* blobs checked from the mapping at open, and how long it took */
     int verified_blobs;
     double verify_s;
@@ -103,6 +104,12 @@ struct session {
     void *sink_ud;
     session_stats st;
 };
+
+/* For session_file.c: room for positions below need (<= context); the pending pass kept whole. */
+int session_grow(session *s, int need, errbuf *err);
+int session_keep_pending(session *s, errbuf *err);
+/* a checkpoint of rec[cur] at position n (with the logits session_last_logits has), in budget */
+void session_ckpt_take(session *s);
 
 /* The layer-major pass (pass.c): runs tokens[0..T) at positions s->n .. s->n+T-1 as session.h
  * describes (reads rec[cur], writes rec[!cur] and the caches; `logged`: the commit log too), the

@@ -210,6 +210,12 @@ void session_reset(session *s)
     memset(s->rec[0], 0, s->rec_floats * sizeof(float));
 }
 
+static int commit(session *s, int n_keep, errbuf *err);
+static void ckpt_take(session *s);
+int session_grow(session *s, int need, errbuf *err) { return grow(s, need, err); }
+void session_ckpt_take(session *s) { ckpt_take(s); }
+int session_keep_pending(session *s, errbuf *err) { return commit(s, s->pend_T, err); }
+
 int session_len(const session *s) { return s->n + s->pend_T; }
 int session_max_pass(const session *s) { return s->o.max_pass; }
 int session_max_commit(const session *s) { return s->o.max_commit; }
