@@ -28,7 +28,8 @@ typedef struct server_opts {
     int queue;                /* generations that may wait behind the running one (16) */
     int context;              /* positions the session holds (0: 32768, at most the model's) */
     int timeout_s;            /* a connection idle this long is closed (30) */
-    const char *cache_dir;    /* persist conversation states (not implemented: refused) */
+    const char *cache_dir;    /* persist the states behind the last conversations there (NULL: no) */
+    uint64_t cache_bytes;     /* their byte budget (4 GiB) */
     int debug;                /* serve POST /debug/logits */
 } server_opts;
 

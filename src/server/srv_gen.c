@@ -497,7 +497,16 @@ static void metrics_add(srv *sv, const gen_stats *st, int cancelled)
     }
 }
 
-static void run_job(srv *sv, job *j)
+/* --cache-dir: a saved conversation that continues further into the prompt than the session */
+static void cache_resume(srv *sv, const tok_ids *prompt)
+{
+    errbuf err;
+    if (sv->have_cache && srv_cache_resume(&sv->cache, sv->s, prompt->v, (int)prompt->n, &err) < 0)
+        fprintf(stderr, "deltafin serve: cache: %s (removed)\n", err.msg);
+}
+
+/* runs a generation; 1 when it ended well (its state is worth keeping) */
+static int run_job(srv *sv, job *j)
 {
     const api_req *rq = &j->rq;
     genctx g = {.sv = sv, .j = j, .rq = rq, .chat = rq->kind == API_CHAT};
@@ -532,6 +541,7 @@ static void run_job(srv *sv, job *j)
     if (draft_begin(sv->drafters, sv->nd, g.chat ? rq->chat ? json_object_get(rq->chat, "messages") : NULL : NULL,
                     rq->thinking, &err) != 0)
         goto out;
+    cache_resume(sv, &j->prompt);
     int32_t stop[32];
     int nstop = 0;
     const int32_t *fmt_stop;
@@ -610,14 +620,16 @@ out:;
     json_decref(g.lp_vals);
     json_decref(g.lp_top);
     json_decref(g.lp_off);
+    return rc == 0 && !cancelled;
 }
 
 /* serve --debug's logits route: the session brought to the ids (reusing what it holds, as a
  * generation does), the last position's logits as base64 of float32 little-endian */
-static void run_logits(srv *sv, job *j)
+static int run_logits(srv *sv, job *j)
 {
     errbuf err;
     session_stats a, b;
+    cache_resume(sv, &j->prompt);
     session_stats_get(sv->s, &a);
     int rc = session_sync(sv->s, j->prompt.v, (int)j->prompt.n, &err);
     session_stats_get(sv->s, &b);
@@ -641,6 +653,7 @@ static void run_logits(srv *sv, job *j)
     j->status = body && lg ? 200 : 500;
     j->body = body;
     pthread_mutex_unlock(&sv->mu);
+    return lg != NULL;
 }
 
 /* ---- the thread ---- */
@@ -672,6 +685,11 @@ static int load(srv *sv, errbuf *err)
         so.max_pass = so.max_logits;
     if (session_new(sv->e, &so, &sv->s, err) != 0)
         return -1;
+    if (sv->o.cache_dir) {
+        if (srv_cache_open(&sv->cache, sv->o.cache_dir, sv->o.cache_bytes, sv->e, NULL, err) != 0)
+            return -1;
+        sv->have_cache = 1;
+    }
     for (int d = 0; d < sv->nd; d++)
         if (sv->drafters[d]->n_taps > 0 && session_set_tap_sink(sv->s, sv->drafters[d]->taps, sv->drafters[d]->n_taps,
                                                                 sv->drafters[d]->on_taps, sv->drafters[d], err))
@@ -685,8 +703,12 @@ void *srv_gen_main(void *arg)
     errbuf err;
     int rc = load(sv, &err);
     pthread_mutex_lock(&sv->mu);
-    if (rc == 0)
+    if (rc == 0) {
         sv->ready = 1;
+        sv->m.has_cache = sv->have_cache;
+        sv->m.cache_states = (uint64_t)sv->cache.n;
+        sv->m.cache_bytes = sv->cache.total;
+    }
     else {
         sv->failed = 1;
         sv->load_err = err;
@@ -703,14 +725,12 @@ void *srv_gen_main(void *arg)
             sv->queue_tail = NULL;
         sv->queued--;
         sv->m.cancelled += j->cancel != 0; /* gone while it waited */
+        int keep = 0;
         if (!j->cancel) {
             j->state = JOB_RUNNING;
             sv->running = 1;
             pthread_mutex_unlock(&sv->mu);
-            if (j->rq.kind == API_LOGITS)
-                run_logits(sv, j);
-            else
-                run_job(sv, j);
+            keep = j->rq.kind == API_LOGITS ? run_logits(sv, j) : run_job(sv, j);
             pthread_mutex_lock(&sv->mu);
             sv->running = 0;
         }
@@ -718,7 +738,16 @@ void *srv_gen_main(void *arg)
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&sv->mu);
         job_release(sv, j);
+        if (keep && sv->have_cache) { /* the client has its answer: now the state goes to disk */
+            errbuf e2;
+            if (srv_cache_save(&sv->cache, sv->s, &e2) != 0)
+                fprintf(stderr, "deltafin serve: cache: %s\n", e2.msg);
+        }
         pthread_mutex_lock(&sv->mu);
+        sv->m.cache_loads = sv->cache.loads;
+        sv->m.cache_saves = sv->cache.saves;
+        sv->m.cache_states = (uint64_t)sv->cache.n;
+        sv->m.cache_bytes = sv->cache.total;
     }
     /* stopping: whatever still waits is answered as cancelled */
     for (job *j = sv->queue, *nx; j; j = nx) {

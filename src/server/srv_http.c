@@ -171,6 +171,12 @@ static enum MHD_Result metrics(srv *sv, struct MHD_Connection *c)
                         m->draft_name[d], (unsigned long long)m->draft_proposed[d], m->draft_name[d],
                         (unsigned long long)m->draft_accepted[d], m->draft_name[d],
                         m->draft_proposed[d] ? (double)m->draft_accepted[d] / (double)m->draft_proposed[d] : 0.0);
+    if (m->has_cache) {
+        COUNTER("cache_loads_total", "Conversation states loaded from --cache-dir.", m->cache_loads);
+        COUNTER("cache_saves_total", "Conversation states saved to --cache-dir.", m->cache_saves);
+        GAUGE("cache_states", "States held in --cache-dir.", "%llu", (unsigned long long)m->cache_states);
+        GAUGE("cache_bytes", "Their bytes.", "%llu", (unsigned long long)m->cache_bytes);
+    }
     if (m->has_store) {
         COUNTER("store_expert_requests_total", "Expert requests of passes on the weight store.", m->store_requests);
         COUNTER("store_expert_hits_total", "Of those, already in RAM.", m->store_hits);
@@ -551,11 +557,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 const char SERVER_OPTS_HELP[] =
     "serve: [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-tokens N] [--max-request-bytes N]\n"
-    "       [--queue N] [--context N] [--timeout S] [--cache-dir DIR] [--debug]\n"
+    "       [--queue N] [--context N] [--timeout S] [--cache-dir DIR [--cache-bytes 4G]] [--debug]\n"
     "  --api-key (or DELTAFIN_API_KEY) makes every route but /health and the chat page need\n"
     "  Authorization: Bearer KEY. --max-tokens caps any response (default 1000000); --queue bounds the\n"
     "  generations waiting behind the running one (default 16; more is 429); --context the positions the\n"
     "  session holds (default 32768, at most the model's); --timeout closes idle connections (30 s).\n"
+    "  --cache-dir keeps the states behind the last conversations on disk (within --cache-bytes), so a\n"
+    "  restarted server resumes them without recomputing.\n"
     "  --debug adds POST /debug/logits {\"tokens\":[...]}: the last position's logits after the session\n"
     "  is brought to the tokens (prefix reuse included), base64 float32, for exactness tests.\n";
 
@@ -570,6 +578,7 @@ void server_opts_default(server_opts *o)
     o->max_request_bytes = 8L << 20;
     o->queue = 16;
     o->timeout_s = 30;
+    o->cache_bytes = 4ull << 30;
     o->api_key = getenv("DELTAFIN_API_KEY");
     if (o->api_key && !o->api_key[0])
         o->api_key = NULL;
@@ -585,7 +594,7 @@ int server_opts_parse(server_opts *o, int argc, char **argv, int *i, errbuf *err
     if ((r = engine_opts_parse(&o->eng, argc, argv, i, err)) != 0 || (r = draft_opts_parse(&o->draft, argc, argv, i, err)) != 0)
         return r;
     static const char *const names[] = {"--host",  "--port",    "--api-key", "--max-tokens", "--max-request-bytes",
-                                        "--queue", "--context", "--timeout", "--cache-dir"};
+                                        "--queue", "--context", "--timeout", "--cache-dir", "--cache-bytes"};
     const char *v = NULL;
     int which = -1;
     for (int k = 0; k < (int)(sizeof names / sizeof names[0]) && which < 0; k++)
@@ -605,6 +614,10 @@ int server_opts_parse(server_opts *o, int argc, char **argv, int *i, errbuf *err
         return 1;
     case 8:
         o->cache_dir = v;
+        return 1;
+    case 9:
+        if (store_parse_bytes(v, &o->cache_bytes) != 0 || o->cache_bytes == 0)
+            return errbuf_set(err, "--cache-bytes expects bytes like 4G or 512M, got '%s'", v);
         return 1;
     }
     static const long lo[] = {0, 0, 0, 1, 64, 0, 2, 1}, hi[] = {0, 65535, 0, 1L << 40, 1L << 34, 1 << 20, 1 << 30, 86400};
@@ -640,8 +653,6 @@ static void model_id_of(const server_opts *o, char *out, size_t cap)
 
 int server_run(const server_opts *o, FILE *log, errbuf *err)
 {
-    if (o->cache_dir)
-        return errbuf_set(err, "--cache-dir: persisting conversation states is not implemented yet");
     srv *sv = calloc(1, sizeof *sv);
     if (!sv)
         return errbuf_set(err, "out of memory");
@@ -692,7 +703,8 @@ int server_run(const server_opts *o, FILE *log, errbuf *err)
     pthread_mutex_lock(&sv->mu);
     while (!sv->ready && !sv->failed)
         pthread_cond_wait(&sv->loaded, &sv->mu);
-    int failed = sv->failed;
+    int failed = sv->failed, has_cache = sv->m.has_cache;
+    uint64_t states = sv->m.cache_states, bytes = sv->m.cache_bytes;
     if (failed)
         *err = sv->load_err;
     pthread_mutex_unlock(&sv->mu);
@@ -700,8 +712,12 @@ int server_run(const server_opts *o, FILE *log, errbuf *err)
         goto out;
     char what[256];
     engine_describe(sv->e, what, sizeof what);
-    fprintf(log, "ready: %s as '%s', context %d, %d drafter%s\n", what, sv->model_id, sv->context, sv->nd,
+    fprintf(log, "ready: %s as '%s', context %d, %d drafter%s", what, sv->model_id, sv->context, sv->nd,
             sv->nd == 1 ? "" : "s");
+    if (has_cache)
+        fprintf(log, ", %llu conversation state%s in %s (%.1f MB)", (unsigned long long)states, states == 1 ? "" : "s",
+                o->cache_dir, (double)bytes / 1e6);
+    fprintf(log, "\n");
     fflush(log);
     for (;;) {
         int sig = sigwaitinfo(&sigs, NULL);
@@ -722,6 +738,7 @@ out:
         MHD_stop_daemon(d);
     if (ai)
         freeaddrinfo(ai);
+    srv_cache_free(&sv->cache);
     draft_close(sv->drafters, sv->nd);
     session_free(sv->s);
     engine_free(sv->e);

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "server/api.h"
+#include "server/srv_cache.h"
 #include "server/server.h"
 
 /* a growable byte buffer */
@@ -65,6 +66,8 @@ typedef struct srv_metrics { /* mu */
     uint64_t draft_proposed[GEN_MAX_DRAFTERS], draft_accepted[GEN_MAX_DRAFTERS], draft_steps[GEN_MAX_DRAFTERS];
     const char *draft_name[GEN_MAX_DRAFTERS];
     uint64_t store_requests, store_hits; /* the weight store's expert requests and hits, if it streams */
+    uint64_t cache_loads, cache_saves, cache_states, cache_bytes; /* --cache-dir */
+    int has_cache;
     int has_store;
 } srv_metrics;
 
@@ -95,6 +98,8 @@ struct srv {
     session *s;
     drafter *drafters[GEN_MAX_DRAFTERS];
     int nd;
+    srv_cache cache;           /* --cache-dir */
+    int have_cache;
     pthread_cond_t loaded;     /* signalled when ready or failed */
 };
 

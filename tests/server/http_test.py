@@ -458,6 +458,79 @@ def test_prefix_reuse():
         s.stop()
 
 
+def test_cache_dir():
+    """--cache-dir: a restarted server resumes a conversation from disk with a cold run's logits;
+    a damaged state is refused and removed; the byte budget holds"""
+    with tempfile.TemporaryDirectory() as d:
+        cache = os.path.join(d, "states")
+        turn1 = [{"role": "user", "content": "Write a function that parses a date."}]
+        s = Server("--debug", "--cache-dir", cache).wait_ready()
+        try:
+            r = s.jreq("POST", "/v1/chat/completions", {"messages": turn1, "temperature": 0, "max_tokens": 24})[1]
+            wait_idle(s)
+            time.sleep(0.2)  # the state is written once the answer is out
+        finally:
+            s.stop()
+        states = [f for f in os.listdir(cache) if f.endswith(".state")]
+        check("--cache-dir: the conversation's state is on disk", len(states) == 1, states)
+        turn2 = turn1 + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": "Now handle time zones."}]
+        s = Server("--debug", "--cache-dir", cache).wait_ready()
+        try:
+            ids = s.jreq("POST", "/tokenize", {"messages": turn2})[1]["tokens"]
+            st, b = b64logits(s, ids)
+            warm = base64.b64decode(b["logits"]) if st == 200 else b""
+            out = os.path.join(d, "l.bin")
+            subprocess.run([BIN, "eval", "--tokens", ",".join(map(str, ids)), "--logits-out", out], check=True,
+                           capture_output=True)
+            cold = open(out, "rb").read()[-len(warm):] if warm else b""
+            check("--cache-dir: after a restart the conversation resumes from disk (%s of %d tokens), with a cold "
+                  "run's logits (memcmp with eval)" % (b.get("cached_tokens"), len(ids)),
+                  st == 200 and b["cached_tokens"] >= r["usage"]["prompt_tokens"] and warm == cold and len(warm) > 0,
+                  (st, b.get("cached_tokens"), r["usage"]["prompt_tokens"]))
+            m = s.metrics()
+            check("--cache-dir: /metrics counts the load", m.get("deltafin_cache_loads_total") == 1, m)
+        finally:
+            s.stop()
+        # damage every state: the next server refuses and removes them, and still answers rightly
+        for f in os.listdir(cache):
+            p = os.path.join(cache, f)
+            data = bytearray(open(p, "rb").read())
+            data[len(data) // 2] ^= 0x55
+            open(p, "wb").write(bytes(data))
+        s = Server("--cache-dir", cache).wait_ready()
+        try:
+            body = {"messages": turn2, "temperature": 0, "max_tokens": 8}
+            got = s.jreq("POST", "/v1/chat/completions", body)[1]
+            damaged = [f for f in os.listdir(cache) if f in states]
+            check("--cache-dir: a damaged state is refused and removed", not damaged and
+                  got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and "checksum" in s.stderr(),
+                  (damaged, got.get("usage"), s.stderr()[-300:]))
+        finally:
+            s.stop()
+        fresh = Server("--draft", "none").wait_ready()
+        try:
+            want = fresh.jreq("POST", "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        finally:
+            fresh.stop()
+        check("--cache-dir: the answer after a refused state is a cold server's", got["choices"][0]["message"]["content"] == want,
+              (got["choices"][0]["message"]["content"], want))
+        # a budget of about one state: distinct conversations evict the least recently used
+        one = max(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache))
+        s = Server("--cache-dir", cache, "--cache-bytes", str(int(one * 1.5))).wait_ready()
+        try:
+            for k in range(4):
+                s.jreq("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "topic %d" % k}],
+                                                         "temperature": 0, "max_tokens": 8})
+            wait_idle(s)
+            time.sleep(0.2)
+            total = sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache))
+        finally:
+            s.stop()
+        check("--cache-dir: the byte budget holds (%d bytes of %d)" % (total, int(one * 1.5)),
+              0 < total <= one * 1.5, total)
+
+
 def load_worker(s, k, n, refs, errors, stats):
     rnd = random.Random(k)
     for i in range(n):
@@ -555,6 +628,7 @@ def main():
     test_queue()
     test_loading()
     test_prefix_reuse()
+    test_cache_dir()
     test_load()
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
