@@ -15,6 +15,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else "./deltafin"
@@ -33,9 +34,9 @@ def run_cli():
 
 
 class Server:
-    def __init__(self):
-        self.p = subprocess.Popen([BIN, "serve", "--port", "0", "--draft", "none"] + MODEL, stdout=subprocess.PIPE,
-                                  text=True)
+    def __init__(self, *extra):
+        self.p = subprocess.Popen([BIN, "serve", "--port", "0", "--draft", "none"] + list(extra) + MODEL,
+                                  stdout=subprocess.PIPE, text=True)
         self.port = int(self.p.stdout.readline().strip().rsplit(":", 1)[1])
         assert self.p.stdout.readline().startswith("ready")
 
@@ -97,8 +98,17 @@ def main():
     # a long first turn, then a follow-up
     code = open("src/engine/generate.c").read()[:6000]
     turn1 = [{"role": "user", "content": "Explain this code:\n" + code}]
-    warm, cold, lens = [], [], []
+    warm, cold, lens, disk = [], [], [], []
     for _ in range(REPS):
+        with tempfile.TemporaryDirectory() as d:  # turn 1, a restart, turn 2 from --cache-dir
+            s = Server("--cache-dir", d)
+            s.stream("/v1/chat/completions", {"messages": turn1, "max_tokens": 32, "temperature": 0})
+            s.stop()  # SIGTERM after the answer: the state was written before the next request
+            s = Server("--cache-dir", d)
+            turn2 = turn1 + [{"role": "assistant", "content": "It decodes tokens."}, {"role": "user", "content": "Shorter?"}]
+            fb, ft, tps, u = s.stream("/v1/chat/completions", {"messages": turn2, "max_tokens": 8, "temperature": 0})
+            disk.append((ft, u))
+            s.stop()
         s = Server()
         r = s.stream("/v1/chat/completions", {"messages": turn1, "max_tokens": 32, "temperature": 0})
         turn2 = turn1 + [{"role": "assistant", "content": "It decodes tokens."}, {"role": "user", "content": "Shorter?"}]
@@ -117,7 +127,9 @@ def main():
     print("|---|---|---|")
     print("| same server (prefix reuse) | %.1f ms | %d |" % (w * 1e3, warm[0][1]["prompt_tokens_details"]["cached_tokens"]))
     print("| fresh server (recomputed) | %.1f ms | %d |" % (c * 1e3, cold[0][1]["prompt_tokens_details"]["cached_tokens"]))
-    print("| reuse speed-up | %.1fx | |" % (c / w))
+    k = med(x[0] for x in disk)
+    print("| restarted server with --cache-dir | %.1f ms | %d |" % (k * 1e3, disk[0][1]["prompt_tokens_details"]["cached_tokens"]))
+    print("| reuse speed-up: same server, restarted from disk | %.1fx, %.1fx | |" % (c / w, c / k))
 
 
 if __name__ == "__main__":
