@@ -346,8 +346,18 @@ class K3Chat:
         out += self.enc(tag)
         out.append(self.SEP)
 
-    def prompt(self, user, thinking=True, effort="max", system=None):
+    def tools_declare(self, out, tools):
+        """The tool-declare system message, as the engine (and Moonshot's encoder) renders `tools`."""
+        self._open(out, "message", [("role", "system"), ("type", "tool-declare")])
+        out += self.enc("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n" +
+                        json.dumps(tools, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n```")
+        self._close(out, "message")
+        out.append(self.EOM)
+
+    def prompt(self, user, thinking=True, effort="max", system=None, tools=None):
         out = []
+        if tools:
+            self.tools_declare(out, tools)
         if thinking:
             self._open(out, "message", [("role", "system"), ("type", "thinking-effort")])
             out += self.enc(EFFORT_BODY.format(effort))
@@ -376,4 +386,37 @@ class K3Chat:
         self._close(out, "response")
         self._close(out, "message")
         out.append(self.EOM)
+        return out
+
+    def call_reply(self, name, args, thinking=True, reasoning=""):
+        """What the model writes after prompt() to call a tool: (reasoning) an empty response, then the
+        call with its string arguments [(key, value)], closes, EOM."""
+        out = []
+        if thinking:
+            if reasoning:
+                out += self.enc(reasoning)
+            self._close(out, "think")
+            self._open(out, "response")
+        self._close(out, "response")
+        self._open(out, "tools")
+        self._open(out, "call", [("tool", name), ("index", "1")])
+        for k, v in args:
+            self._open(out, "argument", [("key", k), ("type", "string")])
+            out += self.enc(v)
+            self._close(out, "argument")
+        self._close(out, "call")
+        self._close(out, "tools")
+        self._close(out, "message")
+        out.append(self.EOM)
+        return out
+
+    def tool_result(self, name, content, thinking=True):
+        """The tool's answer to call_reply's call, then the opening of the assistant's next turn."""
+        out = []
+        self._open(out, "message", [("role", "tool"), ("tool", name), ("index", "1")])
+        out += self.enc(content)
+        self._close(out, "message")
+        out.append(self.EOM)
+        self._open(out, "message", [("role", "assistant")])
+        self._open(out, "think" if thinking else "response")
         return out

@@ -257,6 +257,8 @@ def stage_qwen(args):
     LOG = open(os.path.join(args.work, "qwen_log.txt"), "a")
     d = dev()
     P = plan(args.small)
+    if args.chat_frac is not None:
+        P["chat_frac"] = args.chat_frac
     data = torch.load(os.path.join(args.work, "qwen_data.pt"))
     st = Stream([], 0)
     st.ids, st.starts, st.mask = data["ids"], data["starts"], None
@@ -320,6 +322,8 @@ def main():
     ap.add_argument("--batch", type=int, default=None, help="mini-K3 batch rows (default: the plan's)")
     ap.add_argument("--only-dspark", action="store_true",
                     help="with --resume: keep its mini-K3 and Qwen3 drafter byte for byte, continue its DSpark only")
+    ap.add_argument("--tool-pairs", type=int, default=0, help="tool-call examples in the chat tuning (toolcalls.py)")
+    ap.add_argument("--chat-frac", type=float, default=None, help="share of each batch's rows that are chat")
     ap.add_argument("--ds-plens", default="32",
                     help="prompt lengths of DSpark's greedy continuations, comma-separated (equal groups)")
     args = ap.parse_args()
@@ -426,6 +430,12 @@ def main():
         r = chat.reply(a, thinking=th)
         cseqs.append(p + r)
         cmasks.append([0] * len(p) + [1] * len(r))
+    if args.tool_pairs:             # tool calls: call when a declared tool serves, answer from its result
+        import toolcalls
+        for ids, mask in toolcalls.examples(chat, args.tool_pairs, 11, plain_pairs=pairs[:4000]):
+            cseqs.append(ids)
+            cmasks.append(mask)
+        log("tool-call examples: %d" % args.tool_pairs)
     chat_st = Stream(cseqs, EOS, cmasks) if cseqs else None
     RESULTS["data"] = {"train_tokens": train_st.ids.numel(), "valid_tokens": valid_st.ids.numel(),
                        "chat_pairs": len(pairs), "chat_tokens": chat_st.ids.numel() if chat_st else 0,
@@ -577,6 +587,15 @@ def main():
         out = greedy(model, ids, 60, stop=(EOM, EOS))
         samp.append({"chat": q, "ids": ids, "greedy": out, "text": py_k3.decode(out)})
         log("chat %r -> %r" % (q, py_k3.decode(out)))
+    if args.tool_pairs:             # does it call a declared tool, with the argument from the question?
+        import toolcalls
+        tools = [toolcalls.schema(t) for t in toolcalls.TOOLS[:2]]
+        for q, th in [("What's the weather like in Paris?", True), ("What is the weather in Oslo?", False),
+                      ("Search the web for numpy broadcasting.", True)]:
+            ids = chat.prompt(q, thinking=th, tools=tools)
+            out = greedy(model, ids, 80, stop=(EOM, EOS))
+            samp.append({"tool_chat": q, "thinking": th, "ids": ids, "greedy": out, "text": py_k3.decode(out)})
+            log("tool chat %r -> %r" % (q, py_k3.decode(out)))
     RESULTS["samples"] = samp
     save_results()
     pack()
