@@ -63,7 +63,7 @@ suite() {
 # $build/node from the committed lockfile)
 bin=${DELTAFIN_BIN:-$build/deltafin}
 store=$build/server-store
-if [ ! -f "$store/manifest.json" ] || [ models/default/config.json -nt "$store/manifest.json" ]; then
+if [ ! -f "$store/manifest.json" ] || [ models/default/model.safetensors -nt "$store/manifest.json" ]; then
   rm -rf "$store"
   "$bin" prepare --model models/default --out "$store" >/dev/null 2>&1 || echo "FAIL server store: deltafin prepare failed"
 fi

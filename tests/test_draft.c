@@ -234,6 +234,9 @@ typedef struct q_drafter {
     float *rows; /* [GEN_MAX_DRAFT][V] what propose reports */
     int V, lie;
     uint64_t seed;
+    uint64_t calls; /* proposals made: each draws afresh, so over many samples its guesses really are
+                       draws from q (keyed by the position alone they would repeat, and speculative
+                       sampling is only exact for guesses drawn from the q it is told) */
 } q_drafter;
 
 static int q_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out, const float **q, errbuf *err)
@@ -242,7 +245,7 @@ static int q_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out,
     (void)seq;
     (void)err;
     for (int j = 0; j < k && j < GEN_MAX_DRAFT; j++) {
-        float u = rng_uniform_at(x->seed, (uint64_t)n * GEN_MAX_DRAFT + (uint64_t)j, SAMPLER_STREAM_DRAFT);
+        float u = rng_uniform_at(x->seed, x->calls * GEN_MAX_DRAFT + (uint64_t)j, SAMPLER_STREAM_DRAFT);
         double c = 0;
         int id = x->V - 1;
         for (int v = 0; v < x->V; v++)
@@ -251,15 +254,19 @@ static int q_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out,
                 break;
             }
         out[j] = id;
+        (void)n;
         float *row = x->rows + (size_t)j * x->V;
         for (int v = 0; v < x->V; v++)
             row[v] = x->lie ? 1.0f / (float)x->V : x->q[v];
     }
     *q = x->rows;
+    x->calls++;
     return k < GEN_MAX_DRAFT ? k : GEN_MAX_DRAFT;
 }
 
-/* q = softmax(logits / 1.5) */
+/* q = softmax(logits / 0.5): sharper than the target (temperature 0.8), so that a lie about it shows:
+ * the lying drafter offers the likeliest tokens more often than the target draws them, and, told q is
+ * flat, keeps nearly all of them */
 static int q_init(q_drafter *x, const float *logits, int V, int lie)
 {
     memset(x, 0, sizeof *x);
@@ -272,7 +279,7 @@ static int q_init(q_drafter *x, const float *logits, int V, int lie)
     float mx = logits[sampler_argmax(logits, V)];
     double sum = 0;
     for (int v = 0; v < V; v++)
-        sum += x->q[v] = expf((logits[v] - mx) / 1.5f);
+        sum += x->q[v] = expf((logits[v] - mx) / 0.5f);
     for (int v = 0; v < V; v++)
         x->q[v] = (float)(x->q[v] / sum);
     x->d = (drafter){.name = lie ? "q-lying" : "q",
@@ -705,8 +712,13 @@ TEST(draft_sampling_is_the_targets)
     errbuf err;
     engine *e = default_engine(1, NULL, 0, &err);
     CHECKF(e, "%s", err.msg);
+    /* a prompt whose next tokens are far from certain (the nucleus of the first holds over a hundred
+     * tokens): where the target is nearly sure of each token, a drafter's misstated q changes too
+     * little to be seen in 2000 samples */
+    static const char PROMPT[] = "The following example shows how to";
     tok_ids ids = {0};
-    CHECKF(encode_file(e, test_data("drafting/dspark-ref/code3.py"), &ids, &err) == 0, "%s", err.msg);
+    const tok *tk = engine_tok(e, &err);
+    CHECKF(tk && tok_encode(tk, PROMPT, sizeof PROMPT - 1, TOK_SPECIAL_NONE, &ids, &err) == 0, "%s", err.msg);
     int V = engine_hparams(e)->vocab;
     engine_free(e);
     int *counts[S_N];

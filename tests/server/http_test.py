@@ -204,6 +204,44 @@ def test_routes(s):
     check("seeded sampling repeats", r1 == r2, (r1, r2))
 
 
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
+                   "required": ["city"]}}}]
+
+
+def test_tools(s):
+    """a tool call the bundled model really makes (its chat tuning has tool calls: tools/train/toolcalls.py),
+    whole and streamed, and the round trip back with the tool's result"""
+    ask = {"messages": [{"role": "user", "content": "What is the weather like in Paris?"}], "tools": WEATHER,
+           "temperature": 0}
+    st, b = s.jreq("POST", "/v1/chat/completions", ask)
+    ch = b.get("choices", [{}])[0]
+    calls = ch.get("message", {}).get("tool_calls") or []
+    ok = (st == 200 and ch.get("finish_reason") == "tool_calls" and len(calls) == 1 and calls[0]["type"] == "function"
+          and calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]
+          and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"} and ch["message"]["content"] is None)
+    check("tool call: the model calls get_weather(city=Paris), finish_reason tool_calls", ok, b)
+    st, h, text = s.stream("/v1/chat/completions", dict(ask, stream=True))
+    deltas = [json.loads(e)["choices"][0] for e in sse_events(text)[:-1]]
+    tc = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+    args = "".join(t.get("function", {}).get("arguments", "") for t in tc)
+    ok = (len(tc) >= 2 and all(t["index"] == 0 for t in tc) and tc[0].get("id") and tc[0]["function"]["name"] == "get_weather"
+          and json.loads(args) == {"city": "Paris"} and deltas[-1]["finish_reason"] == "tool_calls")
+    check("tool call streamed: index, id, name, then the arguments", ok, text[-600:])
+    back = dict(ask, messages=ask["messages"] + [
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"] if calls else "x",
+         "content": json.dumps({"city": "Paris", "temp_c": 21, "sky": "sunny"})}])
+    st, b = s.jreq("POST", "/v1/chat/completions", back)
+    ch = b.get("choices", [{}])[0]
+    check("tool round trip: the result goes back and the model answers", st == 200 and ch.get("finish_reason") == "stop"
+          and "Paris" in (ch.get("message", {}).get("content") or "") and not ch["message"].get("tool_calls"), b)
+    st, b = s.jreq("POST", "/v1/chat/completions", dict(ask, tools=WEATHER, tool_choice="none", max_tokens=40))
+    ch = b.get("choices", [{}])[0]
+    check("tool_choice none: no tools shown, no call", st == 200 and not ch.get("message", {}).get("tool_calls"), b)
+
+
 def test_errors(s):
     bad = [
         ("bad JSON", "/v1/chat/completions", b"{\"messages\": [", 400, None),
@@ -619,6 +657,7 @@ def main():
     s = Server("--max-request-bytes", "65536", "--context", "4096").wait_ready()
     try:
         test_routes(s)
+        test_tools(s)
         test_errors(s)
         test_stream(s)
         test_cancel(s)

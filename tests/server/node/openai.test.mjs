@@ -201,6 +201,51 @@ await check("chat stream helper finalChatCompletion", async () => {
   assert(final.usage && final.usage.completion_tokens >= 1, `final usage ${show(final.usage)}`);
 });
 
+// A tool call the bundled model really makes (its chat tuning has tool calls: tools/train/toolcalls.py),
+// parsed by the SDK, streamed through its stream helper, and the round trip back with the result.
+const WEATHER = [{ type: "function", function: {
+  name: "get_weather", description: "Get the current weather of a city",
+  parameters: { type: "object", properties: { city: { type: "string", description: "The city name" } }, required: ["city"] } } }];
+const askWeather = { model: MODEL, messages: [{ role: "user", content: "What is the weather like in Paris?" }], tools: WEATHER, temperature: 0 };
+let weatherCall = null;
+
+await check("tool call: tool_calls parsed by the SDK, finish_reason tool_calls", async () => {
+  const r = await client.chat.completions.create(askWeather);
+  const c = r.choices[0];
+  assert(c.finish_reason === "tool_calls", `finish_reason ${show(c.finish_reason)}`);
+  const calls = c.message.tool_calls || [];
+  assert(calls.length === 1 && calls[0].type === "function" && typeof calls[0].id === "string" && calls[0].id, `tool_calls ${show(calls)}`);
+  assert(calls[0].function.name === "get_weather", `name ${show(calls[0].function.name)}`);
+  const args = JSON.parse(calls[0].function.arguments);
+  assert(args.city === "Paris", `arguments ${show(args)}`);
+  weatherCall = calls[0];
+  return `get_weather(${calls[0].function.arguments})`;
+});
+
+await check("tool call streamed: the SDK's stream helper assembles the call", async () => {
+  const s = client.chat.completions.stream(askWeather);
+  const done = [];
+  s.on("tool_calls.function.arguments.done", (e) => done.push(e));
+  const final = await s.finalChatCompletion();
+  const calls = final.choices[0].message.tool_calls || [];
+  assert(final.choices[0].finish_reason === "tool_calls", `finish_reason ${show(final.choices[0].finish_reason)}`);
+  assert(calls.length === 1 && calls[0].function.name === "get_weather", `tool_calls ${show(calls)}`);
+  assert(JSON.parse(calls[0].function.arguments).city === "Paris", `arguments ${show(calls[0].function.arguments)}`);
+  assert(done.length === 1 && done[0].name === "get_weather", `arguments.done events ${show(done)}`);
+  assert(weatherCall === null || calls[0].function.arguments === weatherCall.function.arguments, "streamed arguments differ from the whole response's");
+});
+
+await check("tool round trip: the result goes back, the model answers from it", async () => {
+  assert(weatherCall, "no call to answer (the first tool check failed)");
+  const r = await client.chat.completions.create({ ...askWeather, messages: [...askWeather.messages,
+    { role: "assistant", content: null, tool_calls: [weatherCall] },
+    { role: "tool", tool_call_id: weatherCall.id, content: JSON.stringify({ city: "Paris", temp_c: 21, sky: "sunny" }) }] });
+  const c = r.choices[0];
+  assert(c.finish_reason === "stop", `finish_reason ${show(c.finish_reason)}`);
+  assert(!c.message.tool_calls && typeof c.message.content === "string" && c.message.content.includes("Paris"), `message ${show(c.message)}`);
+  return show(c.message.content);
+});
+
 await check("chat max_completion_tokens", async () => {
   const r = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, max_completion_tokens: 5, temperature: 0 });
   const c = r.choices[0];
