@@ -211,7 +211,7 @@ static void save_load_case(const char *name)
     size_t n = 0;
     CHECKF(file_read_all(path, &data, &n, &err) == 0, "%s", err.msg);
     CHECK(session_sync(b, ids, 10, &err) == 0);
-    for (int k = 0; k < 3 && !test_failed(); k++) {
+    for (int k = 0; k < 4 && !test_failed(); k++) {
         char *copy = malloc(n);
         CHECK(copy != NULL);
         memcpy(copy, data, n);
@@ -220,13 +220,26 @@ static void save_load_case(const char *name)
             copy[n / 2] ^= 0x40;
         else if (k == 1)
             len = n - 100;
-        else
+        else if (k == 2)
             memcpy(copy, "NOTSTATE", 8);
+        else { /* sizes that would wrap the length the header implies round to the file's own */
+            int32_t big = 1 << 30;
+            uint64_t huge = (uint64_t)-1 / 4 - 7;
+            int32_t chunks = (big + BLK_KV_CHUNK - 1) / BLK_KV_CHUNK; /* consistent with n */
+            memcpy(copy + 72, &big, 4);  /* n */
+            memcpy(copy + 88, &chunks, 4);
+            memcpy(copy + 96, &huge, 8); /* rec_floats */
+        }
         CHECK(file_write_atomic(bad, copy, len, &err) == 0);
         free(copy);
         CHECKF(session_load(b, bad, &err) != 0 && strstr(err.msg, bad), "%s: bad file %d was loaded", name, k);
-        CHECKF(strstr(err.msg, k == 0 ? "checksum" : k == 1 ? "cut short" : "not a Deltafin session state"),
+        CHECKF(strstr(err.msg, k == 0 ? "checksum" : k == 1 || k == 3 ? "cut short" : "not a Deltafin session state"),
                "%s: bad file %d: %s", name, k, err.msg);
+        int32_t *peek = NULL;
+        int npeek = 0;
+        CHECKF(k == 0 || session_file_tokens(e, bad, &peek, &npeek, &err) != 0, "%s: bad file %d: its tokens were read",
+               name, k);
+        free(peek);
         CHECKF(session_len(b) == 10 && !memcmp(session_tokens(b), ids, 10 * sizeof *ids),
                "%s: a refused load changed the session", name);
     }

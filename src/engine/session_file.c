@@ -183,10 +183,16 @@ static int sfile_open(engine *e, const char *path, file_map *m, const sfile_head
         errbuf_set(err, "%s: inconsistent header", path);
         goto out;
     }
-    uint64_t V = (uint64_t)h->vocab, want = sizeof *h + 4 * (uint64_t)h->n + 4 * h->rec_floats +
-                                            4 * (uint64_t)h->nchunks * h->chunk_floats + 4 * V * (uint64_t)h->has_lg +
-                                            (uint64_t)h->nck * (8 + 4 * (h->rec_floats + V)) + 8;
-    if (want != m->size) {
+    /* the length the header implies, every step checked for overflow (a crafted header must not
+     * wrap it round to the file's size) */
+    uint64_t V = (uint64_t)h->vocab, want = sizeof *h + 8, t;
+    int over = h->rec_floats > m->size || h->chunk_floats > m->size;
+    over |= __builtin_add_overflow(want, 4 * (uint64_t)h->n, &want);
+    over |= __builtin_add_overflow(want, 4 * h->rec_floats, &want);
+    over |= __builtin_mul_overflow((uint64_t)h->nchunks, 4 * h->chunk_floats, &t) || __builtin_add_overflow(want, t, &want);
+    over |= __builtin_add_overflow(want, 4 * V * (uint64_t)h->has_lg, &want);
+    over |= __builtin_mul_overflow((uint64_t)h->nck, 8 + 4 * (h->rec_floats + V), &t) || __builtin_add_overflow(want, t, &want);
+    if (over || want != m->size) {
         errbuf_set(err, "%s: %zu bytes where its header says %llu (cut short?)", path, m->size, (unsigned long long)want);
         goto out;
     }
@@ -242,6 +248,14 @@ int session_load(session *s, const char *path, errbuf *err)
     }
     if (session_grow(s, h->n, err) != 0)
         goto out;
+    for (int i = 0; i < h->n; i++) {
+        int32_t t;
+        memcpy(&t, m.data + sizeof *h + 4 * (size_t)i, 4);
+        if (t < 0 || t >= s->hp->vocab) {
+            errbuf_set(err, "%s: token %d at position %d is outside the vocabulary", path, t, i);
+            goto out;
+        }
+    }
     /* checked: from here nothing fails */
     const size_t V = (size_t)h->vocab, R = h->rec_floats;
     const uint8_t *p = m.data + sizeof *h;

@@ -9,6 +9,28 @@
 
 #include "server/api.h"
 
+/* s made valid UTF-8 in place: a byte that begins no whole sequence (a URL's raw bytes, a code point
+ * cut by truncation) becomes '?', so that an error can always be written as JSON */
+static void utf8_fix(char *s)
+{
+    for (unsigned char *p = (unsigned char *)s; *p;) {
+        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 && *p >= 0xc2 ? 2 : (*p & 0xf0) == 0xe0 ? 3
+              : (*p & 0xf8) == 0xf0 && *p <= 0xf4 ? 4 : 0;
+        int ok = n > 0;
+        for (int k = 1; ok && k < n; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (ok && n == 3) /* no overlongs, no surrogates */
+            ok = !(p[0] == 0xe0 && p[1] < 0xa0) && !(p[0] == 0xed && p[1] >= 0xa0);
+        if (ok && n == 4)
+            ok = !(p[0] == 0xf0 && p[1] < 0x90) && !(p[0] == 0xf4 && p[1] >= 0x90);
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 int api_err_set(api_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
 {
     e->status = status;
@@ -19,6 +41,8 @@ int api_err_set(api_err *e, int status, const char *type, const char *code, cons
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    utf8_fix(e->msg);
+    utf8_fix(e->param);
     return -1;
 }
 

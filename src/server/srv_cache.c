@@ -110,6 +110,8 @@ int srv_cache_resume(srv_cache *c, session *s, const int32_t *ids, int n, errbuf
 {
     int have = common(session_tokens(s), session_len(s), ids, n), best = -1, best_k = have;
     for (int k = 0; k < c->n; k++) {
+        if (c->v[k].n > session_context(s))
+            continue; /* saved with a longer --context: kept, for a server that has one */
         int l = common(c->v[k].ids, c->v[k].n, ids, n);
         if (l > best_k) {
             best_k = l;

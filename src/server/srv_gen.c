@@ -75,7 +75,11 @@ void job_release(srv *sv, job *j)
 
 int srv_enqueue(srv *sv, job *j)
 {
-    if (sv->queued >= sv->o.queue)
+    if (sv->stopping)
+        return -2;
+    /* --queue places wait behind the running generation; with none running, the job about to
+     * start is not one of them */
+    if (sv->queued >= sv->o.queue + (sv->running ? 0 : 1))
         return -1;
     j->state = JOB_QUEUED;
     j->refs++;
@@ -111,6 +115,8 @@ typedef struct genctx {
     const float *logits;    /* of the token being emitted (gen_logits_fn comes just before it) */
     int n_gen, n_reasoning, in_reasoning;
     int ended, stop_hit, aborted, role_sent;
+    sbuf echo;              /* completions with echo: the prompt's text */
+    int echo_sent;
     int fail;               /* out of memory building output */
 } genctx;
 
@@ -366,42 +372,58 @@ static void stream_flush(genctx *g, const char *finish)
 {
     int lp_pending = g->rq->logprobs && (g->chat ? json_array_size(g->lp) : json_array_size(g->lp_tokens)) > 0;
     if (!g->chat) {
-        if (g->safe > g->c_sent || finish || lp_pending) {
-            json_t *ch = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(g->content.p + g->c_sent, g->safe - g->c_sent),
-                                   "index", 0, "logprobs", take_logprobs(g), "finish_reason",
-                                   finish ? json_string(finish) : json_null());
+        if (g->safe > g->c_sent || finish || lp_pending || (g->echo.n && !g->echo_sent)) {
+            sbuf t = {0}; /* echo: the prompt's text leads the first chunk */
+            if (!g->echo_sent && g->echo.n)
+                g->fail |= sbuf_add(&t, g->echo.p, g->echo.n);
+            g->echo_sent = 1;
+            g->fail |= sbuf_add(&t, g->content.p ? g->content.p + g->c_sent : "", g->safe - g->c_sent);
+            json_t *ch = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(t.p ? t.p : "", t.n), "index", 0, "logprobs",
+                                   take_logprobs(g), "finish_reason", finish ? json_string(finish) : json_null());
+            sbuf_free(&t);
             sse_put(g, chunk_new(g, ch));
             g->c_sent = g->safe;
         }
         return;
     }
-    json_t *pending[8];
-    int np = 0;
+    json_t *pending = json_array(); /* the deltas of this step, in order */
+    if (!pending) {
+        g->fail = 1;
+        return;
+    }
     if (!g->role_sent) {
-        pending[np++] = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+        json_array_append_new(pending, json_pack("{s:s, s:s}", "role", "assistant", "content", ""));
         g->role_sent = 1;
     }
     if (g->reasoning.n > g->r_sent) {
-        pending[np++] = json_pack("{s:o}", "reasoning_content", jstr(g->reasoning.p + g->r_sent, g->reasoning.n - g->r_sent));
+        json_array_append_new(pending, json_pack("{s:o}", "reasoning_content",
+                                                 jstr(g->reasoning.p + g->r_sent, g->reasoning.n - g->r_sent)));
         g->r_sent = g->reasoning.n;
     }
     if (g->safe > g->c_sent) {
-        pending[np++] = json_pack("{s:o}", "content", jstr(g->content.p + g->c_sent, g->safe - g->c_sent));
+        json_array_append_new(pending, json_pack("{s:o}", "content", jstr(g->content.p + g->c_sent, g->safe - g->c_sent)));
         g->c_sent = g->safe;
     }
-    for (; g->calls_sent < json_array_size(g->calls) && np < 6; g->calls_sent++) {
+    for (; g->calls_sent < json_array_size(g->calls); g->calls_sent++) {
         /* the call's name first, then its arguments: the form the SDKs accumulate */
         json_t *c = json_array_get(g->calls, g->calls_sent), *fn = json_object_get(c, "function");
-        pending[np++] = json_pack("{s:[{s:I, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", (json_int_t)g->calls_sent,
-                                  "id", json_object_get(c, "id"), "type", "function", "function", "name",
-                                  json_object_get(fn, "name"), "arguments", "");
-        pending[np++] = json_pack("{s:[{s:I, s:{s:O}}]}", "tool_calls", "index", (json_int_t)g->calls_sent, "function",
-                                  "arguments", json_object_get(fn, "arguments"));
+        json_array_append_new(pending, json_pack("{s:[{s:I, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index",
+                                                 (json_int_t)g->calls_sent, "id", json_object_get(c, "id"), "type",
+                                                 "function", "function", "name", json_object_get(fn, "name"),
+                                                 "arguments", ""));
+        json_array_append_new(pending, json_pack("{s:[{s:I, s:{s:O}}]}", "tool_calls", "index",
+                                                 (json_int_t)g->calls_sent, "function", "arguments",
+                                                 json_object_get(fn, "arguments")));
     }
-    if (np == 0 && lp_pending && !finish)
-        return; /* logprobs ride with the next text */
-    for (int k = 0; k < np; k++)
-        sse_put(g, chunk_new(g, chat_choice(pending[k], k == np - 1 && !finish ? take_logprobs(g) : NULL, NULL)));
+    size_t np = json_array_size(pending);
+    if (np == 0 && lp_pending && !finish) { /* logprobs ride with the next text */
+        json_decref(pending);
+        return;
+    }
+    for (size_t k = 0; k < np; k++)
+        sse_put(g, chunk_new(g, chat_choice(json_incref(json_array_get(pending, k)),
+                                            k == np - 1 && !finish ? take_logprobs(g) : NULL, NULL)));
+    json_decref(pending);
     if (finish)
         sse_put(g, chunk_new(g, chat_choice(json_object(), take_logprobs(g), finish)));
 }
@@ -446,16 +468,7 @@ static char *final_body(genctx *g, const gen_stats *st, const char *finish)
                       take_logprobs(g), "finish_reason", finish, "usage", usage_of(g, st));
     } else {
         sbuf text = {0};
-        if (g->rq->echo) {
-            char *p = NULL;
-            size_t n = 0;
-            errbuf err;
-            if (g->rq->prompt)
-                sbuf_add(&text, g->rq->prompt, g->rq->prompt_len);
-            else if (tok_decode(g->sv->tk, g->rq->ids, (size_t)g->rq->n_ids, 0, &p, &n, &err) == 0)
-                sbuf_add(&text, p, n);
-            free(p);
-        }
+        sbuf_add(&text, g->echo.p ? g->echo.p : "", g->echo.n);
         sbuf_add(&text, g->content.p ? g->content.p : "", g->content.n);
         r = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:o, s:i, s:o, s:s}], s:o}", "id", g->j->id, "object",
                       "text_completion", "created", (json_int_t)g->j->created, "model", g->sv->model_id,
@@ -515,7 +528,7 @@ static int run_job(srv *sv, job *j)
     memset(&st, 0, sizeof st);
     sampler sm;
     memset(&sm, 0, sizeof sm);
-    int rc = -1;
+    int rc = -1, stop_status = 500;
     g.calls = json_array();
     g.lp = json_array();
     g.lp_tokens = json_array();
@@ -525,6 +538,15 @@ static int run_job(srv *sv, job *j)
     if (g.chat ? tok_reply_new(sv->tk, rq->thinking, &g.reply, &err) : tok_stream_init(&g.ts, sv->tk, 1, &err))
         goto out;
     g.have_ts = !g.chat;
+    if (!g.chat && rq->echo) {
+        char *p = NULL;
+        size_t n = 0;
+        if (rq->prompt)
+            g.fail |= sbuf_add(&g.echo, rq->prompt, rq->prompt_len);
+        else if (tok_decode(sv->tk, rq->ids, (size_t)rq->n_ids, 0, &p, &n, &err) == 0)
+            g.fail |= sbuf_add(&g.echo, p, n);
+        free(p);
+    }
     sampler_cfg sc;
     sampler_cfg_default(&sc);
     sc.temperature = (float)rq->temperature;
@@ -568,6 +590,14 @@ static int run_job(srv *sv, job *j)
         errbuf_set(&err, "out of memory building the response");
         goto out;
     }
+    pthread_mutex_lock(&sv->mu);
+    int stopping = sv->stopping && !j->cancel && !g.ended && !g.stop_hit;
+    pthread_mutex_unlock(&sv->mu);
+    if (stopping) { /* cut short by SIGTERM: not an answer of the length asked for */
+        errbuf_set(&err, "the server is stopping: the generation was cut short after %d tokens", g.n_gen);
+        stop_status = 503;
+        goto out;
+    }
     rc = 0;
 out:;
     const char *finish = g.stop_hit                               ? "stop"
@@ -589,7 +619,8 @@ out:;
             j->status = (j->body = final_body(&g, &st, finish)) ? 200 : 500;
         }
         if (rc != 0 || (!rq->stream && !j->body)) {
-            api_err_set(&ae, 500, "server_error", NULL, NULL, "%s", rc ? err.msg : "out of memory building the response");
+            api_err_set(&ae, stop_status, "server_error", NULL, NULL, "%s",
+                        rc ? err.msg : "out of memory building the response");
             char *eb = api_err_json(&ae);
             if (rq->stream) { /* after the stream began: one error event, then the end */
                 if (eb && (sbuf_add(&j->out, "data: ", 6) || sbuf_add(&j->out, eb, strlen(eb)) ||
@@ -597,7 +628,7 @@ out:;
                     g.fail = 1;
                 free(eb);
             } else {
-                j->status = 500;
+                j->status = stop_status;
                 j->body = eb;
             }
         }
@@ -614,6 +645,7 @@ out:;
         tok_stream_free(&g.ts);
     sbuf_free(&g.content);
     sbuf_free(&g.reasoning);
+    sbuf_free(&g.echo);
     json_decref(g.calls);
     json_decref(g.lp);
     json_decref(g.lp_tokens);
@@ -749,17 +781,20 @@ void *srv_gen_main(void *arg)
         sv->m.cache_states = (uint64_t)sv->cache.n;
         sv->m.cache_bytes = sv->cache.total;
     }
-    /* stopping: whatever still waits is answered as cancelled */
-    for (job *j = sv->queue, *nx; j; j = nx) {
-        nx = j->next;
+    /* stopping (srv_enqueue now refuses): whatever still waits is taken off the queue at once, then
+     * answered as cancelled */
+    job *q = sv->queue;
+    sv->queue = sv->queue_tail = NULL;
+    sv->queued = 0;
+    for (job *j = q; j; j = j->next) {
         j->cancel = 1;
         j->state = JOB_DONE;
         pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&sv->mu);
-        job_release(sv, j);
-        pthread_mutex_lock(&sv->mu);
     }
-    sv->queue = sv->queue_tail = NULL;
     pthread_mutex_unlock(&sv->mu);
+    for (job *j = q, *nx; j; j = nx) {
+        nx = j->next;
+        job_release(sv, j);
+    }
     return NULL;
 }

@@ -371,11 +371,15 @@ static enum MHD_Result generate(srv *sv, struct MHD_Connection *c, conn *cx, api
     j->auto_seed = (uint64_t)j->created * 0x9e3779b97f4a7c15ull ^ serial * 0xbf58476d1ce4e5b9ull;
     snprintf(j->id, sizeof j->id, "%s-%llx%06llx", kind == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)sv->started, (unsigned long long)serial);
-    if (srv_enqueue(sv, j) != 0) {
+    int q = srv_enqueue(sv, j);
+    if (q != 0) {
         pthread_mutex_unlock(&sv->mu);
         job_release(sv, j);
-        api_err_set(&e, 429, "rate_limit_error", "queue_full", NULL,
-                    "the queue is full (%d waiting): try again later", sv->o.queue);
+        if (q == -2)
+            api_err_set(&e, 503, "server_error", "stopping", NULL, "the server is stopping");
+        else
+            api_err_set(&e, 429, "rate_limit_error", "queue_full", NULL,
+                        "the queue is full (%d waiting): try again later", sv->o.queue);
         return respond_err(sv, c, &e);
     }
     cx->j = j;
@@ -742,6 +746,10 @@ out:
     draft_close(sv->drafters, sv->nd);
     session_free(sv->s);
     engine_free(sv->e);
+    /* a second SIGINT / SIGTERM that came while stopping is not the default action's to take: the
+     * server stops as the first asked */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_cond_destroy(&sv->loaded);
     pthread_cond_destroy(&sv->work);

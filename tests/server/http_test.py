@@ -268,6 +268,10 @@ def test_errors(s):
     check("context_length_exceeded code", is_err(b, code="context_length_exceeded"), b)
     st, b = s.jreq("GET", "/nowhere")
     check("404 on an unknown route", st == 404 and is_err(b), (st, b))
+    st, b = s.jreq("GET", "/%ff%fe")
+    check("404 on a route of invalid UTF-8, still a JSON error", st == 404 and is_err(b), (st, b))
+    st, b = s.jreq("POST", "/v1/completions", json.dumps({"prompt": "a", "\u00e9" * 300: 1}))
+    check("400 naming a long non-ASCII field, cut to valid UTF-8", st == 400 and is_err(b), (st, b))
     st, b = s.jreq("DELETE", "/v1/models")
     check("405 on a wrong method", st == 405 and is_err(b), (st, b))
     st, b = s.jreq("GET", "/v1/chat/completions")
@@ -362,6 +366,9 @@ def test_stream(s):
     evs = sse_events(text)
     streamed = "".join(json.loads(e)["choices"][0]["text"] for e in evs[:-1])
     check("completions stream equals the whole response", evs[-1] == "[DONE]" and streamed == whole, (streamed, whole))
+    st, h, text = s.stream("/v1/completions", dict(body, stream=True, echo=True))
+    streamed = "".join(json.loads(e)["choices"][0]["text"] for e in sse_events(text)[:-1])
+    check("completions stream with echo leads with the prompt", streamed == body["prompt"] + whole, streamed)
     # stop strings: a piece of the greedy text that spans tokens is never emitted, not even in part
     long = {"prompt": "def fibonacci(n):", "max_tokens": 40, "temperature": 0}
     full = s.jreq("POST", "/v1/completions", long)[1]["choices"][0]["text"]
@@ -464,6 +471,49 @@ def test_queue():
         wait_idle(s)
     finally:
         s.stop()
+
+
+def test_queue_zero():
+    """--queue 0: one generation at a time and nothing waiting; an idle server still runs one"""
+    s = Server("--queue", "0", "--draft", "none").wait_ready()
+    try:
+        st, b = s.jreq("POST", "/v1/chat/completions", CHAT)
+        check("--queue 0: an idle server runs a generation", st == 200, (st, b))
+        a = open_stream(s, LONG)
+        got = b""
+        while got.count(b"data: ") < 2:
+            got += a.recv(4096)
+        st, b = s.jreq("POST", "/v1/chat/completions", CHAT)
+        check("--queue 0: 429 while one runs", st == 429 and is_err(b, code="queue_full"), (st, b))
+        a.close()
+        wait_idle(s)
+    finally:
+        s.stop()
+
+
+def test_sigterm_mid_stream():
+    """SIGTERM while a stream runs: it ends with an error event (not a 'length' finish), then [DONE]"""
+    s = Server("--draft", "none").wait_ready()
+    a = open_stream(s, LONG)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += a.recv(4096)
+    s.p.terminate()
+    a.settimeout(30)
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            got += d
+    except OSError:
+        pass
+    a.close()
+    text = got.decode("utf-8", "replace")
+    check("SIGTERM mid-stream: an error event saying the server stops, then [DONE]",
+          '"error"' in text and "stopping" in text and "data: [DONE]" in text and '"finish_reason":"length"' not in text,
+          text[-400:])
+    s.stop()
 
 
 def b64logits(s, ids):
@@ -665,6 +715,8 @@ def main():
         s.stop()
     test_auth()
     test_queue()
+    test_queue_zero()
+    test_sigterm_mid_stream()
     test_loading()
     test_prefix_reuse()
     test_cache_dir()
