@@ -473,6 +473,42 @@ def test_queue():
         s.stop()
 
 
+def test_engine_failure():
+    """500: the engine fails mid-generation (a copy of the store with one layer's experts damaged, read
+    and checked as they stream in); whole: a 500 error object; streamed: an error event, then [DONE];
+    the server carries on"""
+    if not STORE:
+        check("500 when the engine fails", False, "no store given")
+        return
+    import json as _j
+    import shutil
+    with tempfile.TemporaryDirectory() as d:
+        bad = os.path.join(d, "bad")
+        shutil.copytree(STORE, bad)
+        man = _j.load(open(os.path.join(bad, "manifest.json")))
+        ex = [b for b in man["blobs"] if b["kind"] == "expert"]
+        pack = [f for f in os.listdir(bad) if f.endswith(".pack")][0]
+        with open(os.path.join(bad, pack), "r+b") as f:
+            for b in ex:
+                if b["layer"] == ex[0]["layer"]:
+                    f.seek(b["copies"][0][1] + 100)
+                    f.write(b"\xde\xad\xbe\xef" * 4)
+        s = Server("--model", bad, "--ram-budget", "6M", "--draft", "none").wait_ready()
+        try:
+            body = {"model": "bad", "prompt": "def f(x):", "max_tokens": 4}
+            st, b = s.jreq("POST", "/v1/completions", body)
+            check("500 when the engine fails (a damaged expert)", st == 500 and is_err(b) and
+                  b["error"]["type"] == "server_error" and "checksum" in b["error"]["message"], (st, b))
+            st, h, text = s.stream("/v1/completions", dict(body, stream=True))
+            evs = sse_events(text)
+            check("an engine failure mid-stream: an error event, then [DONE]",
+                  st == 200 and len(evs) >= 2 and is_err(json.loads(evs[-2])) and evs[-1] == "[DONE]", text[-300:])
+            st, b = s.jreq("GET", "/health")
+            check("the server carries on after an engine failure", st == 200, (st, b))
+        finally:
+            s.stop()
+
+
 def test_queue_zero():
     """--queue 0: one generation at a time and nothing waiting; an idle server still runs one"""
     s = Server("--queue", "0", "--draft", "none").wait_ready()
@@ -716,6 +752,7 @@ def main():
     test_auth()
     test_queue()
     test_queue_zero()
+    test_engine_failure()
     test_sigterm_mid_stream()
     test_loading()
     test_prefix_reuse()
