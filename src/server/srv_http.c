@@ -383,6 +383,7 @@ static enum MHD_Result generate(srv *sv, struct MHD_Connection *c, conn *cx, api
         return respond_err(sv, c, &e);
     }
     cx->j = j;
+    sv->answering++;
     if (rq->stream && kind != API_LOGITS) {
         j->refs++; /* the response's, released by stream_free */
         pthread_mutex_unlock(&sv->mu);
@@ -549,6 +550,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         cx->j->fd = -1; /* the socket is about to close: never poll it again */
         if (cx->j->state != JOB_DONE)
             cx->j->cancel = 1;
+        sv->answering--;
         pthread_mutex_unlock(&sv->mu);
         job_release(sv, cx->j);
     }
@@ -738,6 +740,17 @@ out:
     pthread_mutex_unlock(&sv->mu);
     if (have_thread)
         pthread_join(sv->gen_thread, NULL);
+    /* every job is DONE now; give the connections a moment to hand their last bytes over (a stream's
+     * error event and [DONE]) before libmicrohttpd closes them */
+    for (int k = 0; d && k < 150; k++) {
+        pthread_mutex_lock(&sv->mu);
+        int busy = sv->answering;
+        pthread_mutex_unlock(&sv->mu);
+        if (!busy)
+            break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (d)
         MHD_stop_daemon(d);
     if (ai)

@@ -86,6 +86,7 @@ struct srv {
     errbuf load_err;
     job *queue, *queue_tail;
     int queued, running;
+    int answering;             /* connections holding a job, until libmicrohttpd is done with them */
     uint64_t serial;
     srv_metrics m;
     /* set once before ready, then read-only */
