@@ -114,7 +114,7 @@ typedef struct genctx {
     size_t text_off;
     const float *logits;    /* of the token being emitted (gen_logits_fn comes just before it) */
     int n_gen, n_reasoning, in_reasoning;
-    int ended, stop_hit, aborted, role_sent;
+    int ended, stop_hit, role_sent;
     sbuf echo;              /* completions with echo: the prompt's text */
     int echo_sent;
     int fail;               /* out of memory building output */
