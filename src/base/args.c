@@ -23,6 +23,18 @@ int args_opt(int argc, char **argv, int *i, const char *name, const char **val)
     return 1;
 }
 
+int args_which(int argc, char **argv, int *i, const char *const *names, int n, const char **val, errbuf *err)
+{
+    for (int k = 0; k < n; k++) {
+        int r = args_opt(argc, argv, i, names[k], val);
+        if (r > 0)
+            return k;
+        if (r < 0)
+            return errbuf_set(err, "%s needs a value", names[k]), -2;
+    }
+    return -1;
+}
+
 int args_long(const char *opt, const char *val, long lo, long hi, long *out, errbuf *err)
 {
     char *end;

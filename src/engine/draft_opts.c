@@ -25,32 +25,28 @@ void draft_opts_default(draft_opts *o)
 
 int draft_opts_parse(draft_opts *o, int argc, char **argv, int *i, errbuf *err)
 {
+    static const char *const names[] = {"--draft", "--draft-model", "--draft-max"};
     const char *v = NULL;
-    int r;
-    if ((r = args_opt(argc, argv, i, "--draft", &v)) != 0) {
-        if (r < 0)
-            return errbuf_set(err, "--draft needs a value");
+    long n;
+    switch (args_which(argc, argv, i, names, 3, &v, err)) {
+    case -1:
+        return 0;
+    case 0:
         if (strcmp(v, "none") && strcmp(v, "ngram") && strcmp(v, "qwen") && strcmp(v, "dspark") && strcmp(v, "auto"))
             return errbuf_set(err, "--draft expects none, ngram, qwen, dspark or auto, got '%s'", v);
         o->want = v;
         return 1;
-    }
-    if ((r = args_opt(argc, argv, i, "--draft-model", &v)) != 0) {
-        if (r < 0)
-            return errbuf_set(err, "--draft-model needs a value");
+    case 1:
         o->model = v;
         return 1;
-    }
-    if ((r = args_opt(argc, argv, i, "--draft-max", &v)) != 0) {
-        long n;
-        if (r < 0)
-            return errbuf_set(err, "--draft-max needs a value");
+    case 2:
         if (args_long("--draft-max", v, 1, GEN_MAX_DRAFT, &n, err) != 0)
             return -1;
         o->max = (int)n;
         return 1;
+    default:
+        return -1;
     }
-    return 0;
 }
 
 /* "k3_dspark", "qwen3", ... of a folder's config.json, into buf ("" if none) */

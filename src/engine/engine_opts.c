@@ -31,14 +31,9 @@ int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err
         return 1;
     }
     const char *v = NULL;
-    int which = -1, r = 0;
-    for (int k = 0; k < (int)(sizeof names / sizeof names[0]) && which < 0; k++)
-        if ((r = args_opt(argc, argv, i, names[k], &v)) != 0)
-            which = k;
+    int which = args_which(argc, argv, i, names, (int)(sizeof names / sizeof names[0]), &v, err);
     if (which < 0)
-        return 0;
-    if (r < 0)
-        return errbuf_set(err, "%s needs a value", names[which]);
+        return which == -1 ? 0 : -1;
     long n;
     switch (which) {
     case 0:

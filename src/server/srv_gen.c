@@ -22,42 +22,6 @@
 #include "server/srv_int.h"
 #include "store/store.h"
 
-int sbuf_add(sbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-int sbuf_addf(sbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return -1;
-    return sbuf_add(b, tmp, (size_t)n);
-}
-
-void sbuf_free(sbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 void job_release(srv *sv, job *j)
 {
     pthread_mutex_lock(&sv->mu);
@@ -67,7 +31,7 @@ void job_release(srv *sv, job *j)
         return;
     api_req_free(&j->rq);
     tok_ids_free(&j->prompt);
-    sbuf_free(&j->out);
+    buf_free(&j->out);
     free(j->body);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -104,7 +68,7 @@ typedef struct genctx {
     tok_reply *reply;       /* chat */
     tok_stream ts;          /* completions */
     int have_ts;
-    sbuf content, reasoning;
+    buf content, reasoning;
     size_t safe;            /* content[0..safe) can no longer become part of a stop string */
     size_t c_sent, r_sent;  /* stream: bytes of content / reasoning sent */
     json_t *calls;          /* tool calls, OpenAI form */
@@ -115,7 +79,7 @@ typedef struct genctx {
     const float *logits;    /* of the token being emitted (gen_logits_fn comes just before it) */
     int n_gen, n_reasoning, in_reasoning;
     int ended, stop_hit, role_sent;
-    sbuf echo;              /* completions with echo: the prompt's text */
+    buf echo;              /* completions with echo: the prompt's text */
     int echo_sent;
     int fail;               /* out of memory building output */
 } genctx;
@@ -154,7 +118,7 @@ static size_t stop_hold(const api_req *rq, const char *s, size_t n)
 /* new content text: look for a stop string from the first byte not yet safe */
 static void content_add(genctx *g, const char *t, size_t n)
 {
-    if (g->stop_hit || sbuf_add(&g->content, t, n)) {
+    if (g->stop_hit || buf_put(&g->content, t, n)) {
         g->fail |= !g->stop_hit;
         return;
     }
@@ -191,7 +155,7 @@ static int on_event(void *ud, const tok_reply_event *ev)
         break;
     case TOK_REPLY_REASONING:
         g->in_reasoning = 1;
-        g->fail |= sbuf_add(&g->reasoning, ev->text, ev->len);
+        g->fail |= buf_put(&g->reasoning, ev->text, ev->len);
         break;
     case TOK_REPLY_TOOL_CALL: {
         g->in_reasoning = 0;
@@ -334,8 +298,8 @@ static void sse_put(genctx *g, json_t *c)
 {
     char *s = c ? json_dumps(c, JSON_COMPACT) : NULL;
     json_decref(c);
-    if (!s || sbuf_add(&g->j->out, "data: ", 6) || sbuf_add(&g->j->out, s, strlen(s)) ||
-        sbuf_add(&g->j->out, "\n\n", 2))
+    if (!s || buf_put(&g->j->out, "data: ", 6) || buf_put(&g->j->out, s, strlen(s)) ||
+        buf_put(&g->j->out, "\n\n", 2))
         g->fail = 1;
     free(s);
 }
@@ -373,14 +337,14 @@ static void stream_flush(genctx *g, const char *finish)
     int lp_pending = g->rq->logprobs && (g->chat ? json_array_size(g->lp) : json_array_size(g->lp_tokens)) > 0;
     if (!g->chat) {
         if (g->safe > g->c_sent || finish || lp_pending || (g->echo.n && !g->echo_sent)) {
-            sbuf t = {0}; /* echo: the prompt's text leads the first chunk */
+            buf t = {0}; /* echo: the prompt's text leads the first chunk */
             if (!g->echo_sent && g->echo.n)
-                g->fail |= sbuf_add(&t, g->echo.p, g->echo.n);
+                g->fail |= buf_put(&t, g->echo.p, g->echo.n);
             g->echo_sent = 1;
-            g->fail |= sbuf_add(&t, g->content.p ? g->content.p + g->c_sent : "", g->safe - g->c_sent);
+            g->fail |= buf_put(&t, g->content.p ? g->content.p + g->c_sent : "", g->safe - g->c_sent);
             json_t *ch = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(t.p ? t.p : "", t.n), "index", 0, "logprobs",
                                    take_logprobs(g), "finish_reason", finish ? json_string(finish) : json_null());
-            sbuf_free(&t);
+            buf_free(&t);
             sse_put(g, chunk_new(g, ch));
             g->c_sent = g->safe;
         }
@@ -467,14 +431,14 @@ static char *final_body(genctx *g, const gen_stats *st, const char *finish)
                       "system_fingerprint", "deltafin", "choices", "index", 0, "message", msg, "logprobs",
                       take_logprobs(g), "finish_reason", finish, "usage", usage_of(g, st));
     } else {
-        sbuf text = {0};
-        sbuf_add(&text, g->echo.p ? g->echo.p : "", g->echo.n);
-        sbuf_add(&text, g->content.p ? g->content.p : "", g->content.n);
+        buf text = {0};
+        buf_put(&text, g->echo.p ? g->echo.p : "", g->echo.n);
+        buf_put(&text, g->content.p ? g->content.p : "", g->content.n);
         r = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:o, s:i, s:o, s:s}], s:o}", "id", g->j->id, "object",
                       "text_completion", "created", (json_int_t)g->j->created, "model", g->sv->model_id,
                       "system_fingerprint", "deltafin", "choices", "text", jstr(text.p ? text.p : "", text.n), "index",
                       0, "logprobs", take_logprobs(g), "finish_reason", finish, "usage", usage_of(g, st));
-        sbuf_free(&text);
+        buf_free(&text);
     }
     char *s = r ? json_dumps(r, JSON_COMPACT) : NULL;
     json_decref(r);
@@ -542,9 +506,9 @@ static int run_job(srv *sv, job *j)
         char *p = NULL;
         size_t n = 0;
         if (rq->prompt)
-            g.fail |= sbuf_add(&g.echo, rq->prompt, rq->prompt_len);
+            g.fail |= buf_put(&g.echo, rq->prompt, rq->prompt_len);
         else if (tok_decode(sv->tk, rq->ids, (size_t)rq->n_ids, 0, &p, &n, &err) == 0)
-            g.fail |= sbuf_add(&g.echo, p, n);
+            g.fail |= buf_put(&g.echo, p, n);
         free(p);
     }
     sampler_cfg sc;
@@ -623,8 +587,8 @@ out:;
                         rc ? err.msg : "out of memory building the response");
             char *eb = api_err_json(&ae);
             if (rq->stream) { /* after the stream began: one error event, then the end */
-                if (eb && (sbuf_add(&j->out, "data: ", 6) || sbuf_add(&j->out, eb, strlen(eb)) ||
-                           sbuf_add(&j->out, "\n\n", 2)))
+                if (eb && (buf_put(&j->out, "data: ", 6) || buf_put(&j->out, eb, strlen(eb)) ||
+                           buf_put(&j->out, "\n\n", 2)))
                     g.fail = 1;
                 free(eb);
             } else {
@@ -633,7 +597,7 @@ out:;
             }
         }
         if (rq->stream)
-            sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+            buf_put(&j->out, "data: [DONE]\n\n", 14);
     }
     metrics_add(sv, &st, cancelled);
     pthread_mutex_unlock(&sv->mu);
@@ -643,9 +607,9 @@ out:;
     tok_reply_free(g.reply);
     if (g.have_ts)
         tok_stream_free(&g.ts);
-    sbuf_free(&g.content);
-    sbuf_free(&g.reasoning);
-    sbuf_free(&g.echo);
+    buf_free(&g.content);
+    buf_free(&g.reasoning);
+    buf_free(&g.echo);
     json_decref(g.calls);
     json_decref(g.lp);
     json_decref(g.lp_tokens);

@@ -50,7 +50,7 @@ enum { N_CODES = sizeof CODES / sizeof CODES[0] };
 
 typedef struct conn {
     enum route r;
-    sbuf body;
+    buf body;
     int too_big;
     size_t dropped;   /* bytes of a too-big body read and dropped */
     int fd;
@@ -133,22 +133,22 @@ static enum MHD_Result health(srv *sv, struct MHD_Connection *c)
 
 static enum MHD_Result metrics(srv *sv, struct MHD_Connection *c)
 {
-    sbuf b = {0};
+    buf b = {0};
     pthread_mutex_lock(&sv->mu);
     const srv_metrics *m = &sv->m;
     int ok = 0;
-    ok |= sbuf_addf(&b, "# HELP deltafin_http_responses_total HTTP responses by status.\n"
+    ok |= buf_putf(&b, "# HELP deltafin_http_responses_total HTTP responses by status.\n"
                         "# TYPE deltafin_http_responses_total counter\n");
     for (int k = 0; k < N_CODES; k++)
-        ok |= sbuf_addf(&b, "deltafin_http_responses_total{code=\"%d\"} %llu\n", CODES[k],
+        ok |= buf_putf(&b, "deltafin_http_responses_total{code=\"%d\"} %llu\n", CODES[k],
                         (unsigned long long)m->by_code[k]);
     for (int k = 1; k < 6; k++)
-        ok |= sbuf_addf(&b, "deltafin_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)m->by_status[k]);
+        ok |= buf_putf(&b, "deltafin_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)m->by_status[k]);
 #define COUNTER(name, help, v)                                                                                         \
-    ok |= sbuf_addf(&b, "# HELP deltafin_" name " " help "\n# TYPE deltafin_" name " counter\ndeltafin_" name " %llu\n", \
+    ok |= buf_putf(&b, "# HELP deltafin_" name " " help "\n# TYPE deltafin_" name " counter\ndeltafin_" name " %llu\n", \
                     (unsigned long long)(v))
 #define GAUGE(name, help, fmt, v)                                                                                      \
-    ok |= sbuf_addf(&b, "# HELP deltafin_" name " " help "\n# TYPE deltafin_" name " gauge\ndeltafin_" name " " fmt "\n", v)
+    ok |= buf_putf(&b, "# HELP deltafin_" name " " help "\n# TYPE deltafin_" name " gauge\ndeltafin_" name " " fmt "\n", v)
     COUNTER("generation_requests_total", "Generations run to the end or cancelled.", m->gen_requests);
     COUNTER("cancelled_total", "Generations whose client went away.", m->cancelled);
     COUNTER("prompt_tokens_total", "Prompt tokens of generations.", m->prompt_tokens);
@@ -161,10 +161,10 @@ static enum MHD_Result metrics(srv *sv, struct MHD_Connection *c)
     GAUGE("queue_depth", "Generations waiting.", "%d", sv->queued);
     GAUGE("running", "Generations running (0 or 1).", "%d", sv->running);
     GAUGE("loaded", "1 once the model is loaded.", "%d", sv->ready);
-    ok |= sbuf_addf(&b, "# HELP deltafin_draft_tokens_total Drafted tokens, and those the model kept.\n"
+    ok |= buf_putf(&b, "# HELP deltafin_draft_tokens_total Drafted tokens, and those the model kept.\n"
                         "# TYPE deltafin_draft_tokens_total counter\n");
     for (int d = 0; d < GEN_MAX_DRAFTERS && m->draft_name[d]; d++)
-        ok |= sbuf_addf(&b,
+        ok |= buf_putf(&b,
                         "deltafin_draft_tokens_total{drafter=\"%s\",kind=\"proposed\"} %llu\n"
                         "deltafin_draft_tokens_total{drafter=\"%s\",kind=\"accepted\"} %llu\n"
                         "deltafin_draft_acceptance{drafter=\"%s\"} %.4f\n",
@@ -187,7 +187,7 @@ static enum MHD_Result metrics(srv *sv, struct MHD_Connection *c)
 #undef GAUGE
     pthread_mutex_unlock(&sv->mu);
     if (ok) {
-        sbuf_free(&b);
+        buf_free(&b);
         return MHD_NO;
     }
     return respond(sv, c, 200, "text/plain; version=0.0.4", b.p);
@@ -266,6 +266,20 @@ static enum MHD_Result tokenize(srv *sv, struct MHD_Connection *c, conn *cx, api
 
 /* ---- generations ---- */
 
+/* waits for the job's next signal, or 50 ms, whichever is first: the waiter then checks the client;
+ * mu held */
+static void wait_50ms(job *j, srv *sv)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&j->cv, &sv->mu, &ts);
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     job *j = cls;
@@ -298,14 +312,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             n = 11;
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&j->cv, &sv->mu, &ts);
+        wait_50ms(j, sv);
     }
     pthread_mutex_unlock(&sv->mu);
     return n;
@@ -406,14 +413,7 @@ static enum MHD_Result generate(srv *sv, struct MHD_Connection *c, conn *cx, api
     while (j->state != JOB_DONE) {
         if (!j->cancel && srv_hung_up(j->fd))
             j->cancel = 1;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&j->cv, &sv->mu, &ts);
+        wait_50ms(j, sv);
     }
     int status = j->status;
     char *body = j->body;
@@ -495,7 +495,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cx->dropped > SRV_DRAIN_BYTES) /* a chunked body that goes on and on: no more reading */
             return fail(sv, c, 413, "invalid_request_error", "request_too_large",
                         "the body is over %s bytes (--max-request-bytes)", sv->limit_text);
-        if (!cx->too_big && sbuf_add(&cx->body, upload, *upload_size))
+        if (!cx->too_big && buf_put(&cx->body, upload, *upload_size))
             return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
@@ -554,7 +554,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_mutex_unlock(&sv->mu);
         job_release(sv, cx->j);
     }
-    sbuf_free(&cx->body);
+    buf_free(&cx->body);
     free(cx);
     *con_cls = NULL;
 }
@@ -602,14 +602,9 @@ int server_opts_parse(server_opts *o, int argc, char **argv, int *i, errbuf *err
     static const char *const names[] = {"--host",  "--port",    "--api-key", "--max-tokens", "--max-request-bytes",
                                         "--queue", "--context", "--timeout", "--cache-dir", "--cache-bytes"};
     const char *v = NULL;
-    int which = -1;
-    for (int k = 0; k < (int)(sizeof names / sizeof names[0]) && which < 0; k++)
-        if ((r = args_opt(argc, argv, i, names[k], &v)) != 0)
-            which = k;
+    int which = args_which(argc, argv, i, names, (int)(sizeof names / sizeof names[0]), &v, err);
     if (which < 0)
-        return 0;
-    if (r < 0)
-        return errbuf_set(err, "%s needs a value", names[which]);
+        return which == -1 ? 0 : -1;
     long n = 0;
     switch (which) {
     case 0:

@@ -17,21 +17,13 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "engine/draft.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "server/api.h"
 #include "server/srv_cache.h"
 #include "server/server.h"
-
-/* a growable byte buffer */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-int sbuf_add(sbuf *b, const char *s, size_t n); /* 0 or -1 (out of memory) */
-int sbuf_addf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sbuf_free(sbuf *b);
 
 enum job_state { JOB_QUEUED = 1, JOB_RUNNING, JOB_DONE };
 
@@ -49,7 +41,7 @@ struct job {
     int cancel;         /* the client went away */
     int fd;             /* the client's socket, for hang-up checks; -1 once the connection ended */
     int refs;
-    sbuf out;           /* stream: SSE bytes produced; out.p[out_off..out.n) not yet handed over */
+    buf out;           /* stream: SSE bytes produced; out.p[out_off..out.n) not yet handed over */
     size_t out_off;
     int status;         /* non-stream: the response's status and body, set when DONE */
     char *body;

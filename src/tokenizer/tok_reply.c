@@ -28,46 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "tokenizer/tok_int.h"
-
-typedef struct rbuf {
-    char *p;
-    size_t n, cap;
-} rbuf;
-
-/* room for n more bytes and a NUL */
-static int rb_reserve(rbuf *b, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    return 0;
-}
-
-static int rb_put(rbuf *b, const void *s, size_t n)
-{
-    if (rb_reserve(b, n))
-        return -1;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-static void rb_cut(rbuf *b, size_t from) /* drops b[0..from) */
-{
-    memmove(b->p, b->p + from, b->n - from);
-    b->n -= from;
-    if (b->p)
-        b->p[b->n] = 0;
-}
 
 /* states */
 enum {
@@ -133,17 +95,17 @@ struct tok_reply {
     int strip_nl;       /* Qwen3: drop the template's newlines next to think tags and calls */
     int skip_lead;      /* the next content of this channel drops its leading newlines */
     size_t held_nl;     /* Qwen3: the channel's trailing newlines, held until more text comes */
-    rbuf hold;          /* bytes that may begin a marker */
-    rbuf u8;            /* an incomplete code point of the channel being emitted */
+    buf hold;          /* bytes that may begin a marker */
+    buf u8;            /* an incomplete code point of the channel being emitted */
     int u8_kind;
-    rbuf out;           /* text being handed to the callback */
-    rbuf call, head;    /* the tool call being collected */
+    buf out;           /* text being handed to the callback */
+    buf call, head;    /* the tool call being collected */
     int ncalls;
     /* K3 */
     int32_t k3_open, k3_close, k3_sep;
     int k3_closing, k3_back; /* the header opened with <|close|>; the state to return to */
     int k3_think_depth;
-    rbuf k3_name, k3_key, k3_type;
+    buf k3_name, k3_key, k3_type;
     int k3_json;        /* the value is a raw json block */
     json_t *k3_args;
 };
@@ -186,7 +148,7 @@ void tok_reply_free(tok_reply *r)
 {
     if (!r)
         return;
-    rbuf *b[] = {&r->hold, &r->u8, &r->out, &r->call, &r->head, &r->k3_name, &r->k3_key, &r->k3_type};
+    buf *b[] = {&r->hold, &r->u8, &r->out, &r->call, &r->head, &r->k3_name, &r->k3_key, &r->k3_type};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         free(b[i]->p);
     json_decref(r->k3_args);
@@ -216,13 +178,13 @@ static void flush_utf8(tok_reply *r, sink *k, int final)
     if (r->u8.n == 0)
         return;
     r->out.n = 0;
-    if (rb_reserve(&r->out, 3 * r->u8.n)) {
+    if (buf_reserve(&r->out, 3 * r->u8.n)) {
         k->oom = 1;
         return;
     }
     size_t rest;
     size_t n = tok_utf8_replace((const uint8_t *)r->u8.p, r->u8.n, r->out.p, final, &rest);
-    rb_cut(&r->u8, r->u8.n - rest);
+    buf_cut(&r->u8, r->u8.n - rest);
     if (n) {
         tok_reply_event ev = {.kind = (tok_reply_kind)r->u8_kind, .text = r->out.p, .len = n};
         emit(r, k, &ev);
@@ -237,7 +199,7 @@ static void text_out(tok_reply *r, sink *k, int kind, const char *s, size_t n)
     if (kind != r->u8_kind)
         flush_utf8(r, k, 1);
     r->u8_kind = kind;
-    if (rb_put(&r->u8, s, n)) {
+    if (buf_put(&r->u8, s, n)) {
         k->oom = 1;
         return;
     }
@@ -280,17 +242,17 @@ static void content(tok_reply *r, sink *k, const char *s, size_t n)
         break;
     }
     case S_HEAD:
-        if (rb_put(&r->head, s, n))
+        if (buf_put(&r->head, s, n))
             k->oom = 1;
         break;
     case S_ARGS:
     case S_QCALL:
     case S_K3ARG:
-        if (rb_put(&r->call, s, n))
+        if (buf_put(&r->call, s, n))
             k->oom = 1;
         break;
     case S_K3TAG:
-        if (rb_put(&r->k3_name, s, n))
+        if (buf_put(&r->k3_name, s, n))
             k->oom = 1;
         break;
     default: /* between calls, inside K3 tags that carry no text, after the end */
@@ -299,10 +261,10 @@ static void content(tok_reply *r, sink *k, const char *s, size_t n)
 }
 
 /* s[0..n) as valid UTF-8 (ill-formed bytes as U+FFFD) in b, NUL-terminated */
-static int utf8_valid(rbuf *b, const char *s, size_t n)
+static int utf8_valid(buf *b, const char *s, size_t n)
 {
     b->n = 0;
-    if (rb_reserve(b, 3 * n))
+    if (buf_reserve(b, 3 * n))
         return -1;
     size_t rest;
     b->n = tok_utf8_replace((const uint8_t *)s, n, b->p, 1, &rest);
@@ -314,7 +276,7 @@ static int utf8_valid(rbuf *b, const char *s, size_t n)
 static void call_out(tok_reply *r, sink *k, const char *name, const char *id, const char *args, size_t len)
 {
     flush_utf8(r, k, 1);
-    rbuf nb = {0}, ib = {0}, ab = {0};
+    buf nb = {0}, ib = {0}, ab = {0};
     if (utf8_valid(&nb, name, strlen(name)) || utf8_valid(&ib, id, strlen(id)) || utf8_valid(&ab, args, len)) {
         k->oom = 1;
     } else {
@@ -469,14 +431,14 @@ static void scan(tok_reply *r, sink *k, int all)
         if (hit) {
             content(r, k, h, best);
             size_t ml = strlen(hit->s);
-            rb_cut(&r->hold, best + ml);
+            buf_cut(&r->hold, best + ml);
             act(r, k, hit->action);
             continue;
         }
         if (all)
             keep = 0;
         content(r, k, h, n - keep);
-        rb_cut(&r->hold, n - keep);
+        buf_cut(&r->hold, n - keep);
         break;
     }
 }
@@ -484,25 +446,25 @@ static void scan(tok_reply *r, sink *k, int all)
 /* ---- K3 ---- */
 
 /* the value of attribute `key` in a header ` key="v" ...`, unescaped (&amp; &quot;) */
-static int k3_attr(const char *head, const char *key, rbuf *out)
+static int k3_attr(const char *head, const char *key, buf *out)
 {
     char pat[64];
     snprintf(pat, sizeof pat, " %s=\"", key);
     const char *p = strstr(head, pat);
     out->n = 0;
     if (!p)
-        return rb_put(out, "", 0);
+        return buf_put(out, "", 0);
     p += strlen(pat);
     for (const char *q = p; *q && *q != '"'; q++) {
         if (!strncmp(q, "&amp;", 5)) {
-            if (rb_put(out, "&", 1))
+            if (buf_put(out, "&", 1))
                 return -1;
             q += 4;
         } else if (!strncmp(q, "&quot;", 6)) {
-            if (rb_put(out, "\"", 1))
+            if (buf_put(out, "\"", 1))
                 return -1;
             q += 5;
-        } else if (rb_put(out, q, 1)) {
+        } else if (buf_put(out, q, 1)) {
             return -1;
         }
     }
@@ -515,7 +477,7 @@ static void k3_argument(tok_reply *r, sink *k)
 {
     if (!json_is_object(r->k3_args))
         return;
-    rbuf key = {0}, val_text = {0};
+    buf key = {0}, val_text = {0};
     json_t *val = NULL;
     if (utf8_valid(&key, r->k3_key.p ? r->k3_key.p : "", r->k3_key.n) ||
         utf8_valid(&val_text, r->call.p ? r->call.p : "", r->call.n)) {
@@ -568,7 +530,7 @@ static void k3_header(tok_reply *r, sink *k)
         r->state = S_K3SKIP;
     } else if (!strcmp(tag, "argument") || !strcmp(tag, "json")) {
         if (r->k3_json && r->k3_args) { /* the raw arguments stand as written */
-            rbuf raw = {0};
+            buf raw = {0};
             json_decref(r->k3_args);
             r->k3_args = NULL;
             if (utf8_valid(&raw, r->call.p ? r->call.p : "", r->call.n) || !(r->k3_args = json_stringn(raw.p, raw.n)))
@@ -610,7 +572,7 @@ static void k3_id(tok_reply *r, sink *k, int32_t id)
         return;
     }
     if (id == r->k3_sep && r->state == S_K3TAG) {
-        if (rb_put(&r->k3_name, "", 0))
+        if (buf_put(&r->k3_name, "", 0))
             k->oom = 1;
         else
             k3_header(r, k);
@@ -650,7 +612,7 @@ int tok_reply_feed(tok_reply *r, const int32_t *ids, size_t n, tok_reply_fn cb, 
         const uint8_t *b = tok_token_bytes(r->t, id, &len);
         if (!b)
             continue;
-        if (rb_put(&r->hold, b, len)) {
+        if (buf_put(&r->hold, b, len)) {
             k.oom = 1;
             break;
         }

@@ -336,6 +336,12 @@ def test_loading():
         s.wait_ready()
         st, b = s.jreq("GET", "/health")
         check("/health ok once loaded", st == 200, (st, b))
+        st, b = s.jreq("POST", "/v1/completions", {"model": os.path.basename(STORE.rstrip("/")), "prompt": "def f(x):",
+                                                   "max_tokens": 4, "temperature": 0})
+        m = s.metrics()
+        req, hits = m.get("deltafin_store_expert_requests_total", 0), m.get("deltafin_store_expert_hits_total", -1)
+        check("/metrics: the store's expert requests, hits and hit rate", st == 200 and req > 0 and 0 <= hits <= req
+              and abs(m.get("deltafin_store_hit_rate", -1) - hits / req) < 1e-3, (st, m))
     finally:
         s.stop()
 
@@ -568,6 +574,14 @@ def test_prefix_reuse():
         cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
         check("a follow-up turn reuses the conversation's prefix", cached >= r["usage"]["prompt_tokens"],
               (cached, r["usage"]))
+        m = s.metrics()
+        drafters = [k for k in m if k.startswith("deltafin_draft_tokens_total") and 'kind="proposed"' in k]
+        ok = (m.get("deltafin_prefix_reuse_hits_total", 0) >= 1 and m.get("deltafin_prefix_reused_tokens_total", 0) >= cached
+              and m.get("deltafin_generation_tokens_total") == r["usage"]["completion_tokens"] + r2["usage"]["completion_tokens"]
+              and len(drafters) >= 1
+              and all(m[k.replace("proposed", "accepted")] <= m[k] for k in drafters)
+              and m.get("deltafin_decode_tokens_per_second", 0) > 0)
+        check("/metrics: prefix reuse, generated tokens, drafters proposed and accepted, tokens/s", ok, m)
         ids = s.jreq("POST", "/tokenize", {"messages": turn2 + [{"role": "user", "content": "And in Rust?"}]})[1]["tokens"]
         st, b = b64logits(s, ids)
         warm = base64.b64decode(b["logits"]) if st == 200 else b""

@@ -373,14 +373,20 @@ class K3Chat:
         self._open(out, "think" if thinking else "response")
         return out
 
-    def reply(self, answer, thinking=True, reasoning=""):
-        """What the model should write after prompt(): (reasoning) close think, open response, answer, closes, EOM."""
+    def _end_think(self, thinking, reasoning):
+        """The start of a reply after prompt(): with thinking, the reasoning, then the think channel
+        closed and the response opened (without, prompt() opened the response itself)."""
         out = []
         if thinking:
             if reasoning:
                 out += self.enc(reasoning)
             self._close(out, "think")
             self._open(out, "response")
+        return out
+
+    def reply(self, answer, thinking=True, reasoning=""):
+        """What the model should write after prompt(): (reasoning) close think, open response, answer, closes, EOM."""
+        out = self._end_think(thinking, reasoning)
         if answer:
             out += self.enc(answer)
         self._close(out, "response")
@@ -391,12 +397,7 @@ class K3Chat:
     def call_reply(self, name, args, thinking=True, reasoning=""):
         """What the model writes after prompt() to call a tool: (reasoning) an empty response, then the
         call with its string arguments [(key, value)], closes, EOM."""
-        out = []
-        if thinking:
-            if reasoning:
-                out += self.enc(reasoning)
-            self._close(out, "think")
-            self._open(out, "response")
+        out = self._end_think(thinking, reasoning)
         self._close(out, "response")
         self._open(out, "tools")
         self._open(out, "call", [("tool", name), ("index", "1")])
