@@ -23,8 +23,7 @@ TEST(dtype_table_and_helpers_agree)
         CHECKF(fi->block > 1 || wfmt_plain_bytes(f) == fi->block_bytes, "%s: wfmt_plain_bytes disagrees", fi->name);
         CHECKF((fi->scale == WF_SCALE_NONE) == (fi->st_scale_suffix == NULL), "%s: scale tensor", fi->name);
         for (int i = 0; i < 64; i++)
-            CHECKF(kern_lane(f, i) == (fi->lanes == WF_LANES_NIBBLE ? 32 * ((i >> 5) & 1) + 16 * (i & 1) + ((i & 31) >> 1)
-                                                                   : i & 63),
+            CHECKF(kern_lane(f, i) == (fi->lanes == WF_LANES_NIBBLE ? (i % 32) / 2 : i % 16),
                    "%s: lane of %d", fi->name, i);
         kmat w;
         kmat_init(&w, f, 256, 256, NULL, NULL);
@@ -230,18 +229,20 @@ static void check_isa(const kern_ops *k)
         return;
     }
     /* At T = 1 rows longer than kern_matmul.inc's MM_KB (4096) run in passes over row blocks of
-     * 16: the last pass may hold only a tail (4099, 4128) or several full passes precede it (8259,
-     * 12320); long plain rows come 19 to a matrix so that a second row block follows the first
-     * (the spans' prefetch offsets change there). At T > 1 every row longer than 4096 / tb columns
-     * (512 for a group of 8) goes in passes, over the same row blocks. */
+     * 16, four rows at a time: the last pass may hold only a tail (4099, 4128) or several full
+     * passes precede it (8259, 12320); long plain rows come 19 to a matrix so that a second row
+     * block follows the first and ends in a group of three (the prefetch offsets change there).
+     * At T > 1 rows go in blocks of KERN_RB = 16 (130: eight and a block of 2, padded to the
+     * tile's rows), columns in blocks of KERN_KC = 256 (tails of a block and of a 16-column
+     * vector: 1000, 4099, 8259), tokens in groups of KERN_TG = 64 (70: 64, then 6) or, for 4-bit
+     * rows, of KERN_XF / cols (12320 columns: 21, so 25 and 64 take several groups and 64 ends
+     * in a group of one, the T = 1 path), and within a group in tiles of up to 6 tokens (every T
+     * from 1 to 8, 13 = 6 + 6 + 1). */
     static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},
                                     {2, 224},  {9, 1056},  {130, 256}, {19, 4128}, {2, 12320}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 4099, 8256, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
-        /* T > 1 goes in groups of KERN_TB = 8 tokens, each reduced ISA_TOKBLK (AVX-512: 4) at a
-         * time: 3 (one block of 3), 6 (4 + 2), 9 (8, then one token by the T = 1 path), 13 (8,
-         * then 5 = 4 + 1) */
-        static const int Ts[] = {1, 3, 6, 9, 13};
+        static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 25, 64, 70};
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
             if (wfmt_table[fmt].block == 32) {

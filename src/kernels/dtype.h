@@ -58,10 +58,10 @@ typedef enum wfmt_scale {
     WF_SCALE_F32_T128  /* F32 per 128x128 tile: [ceil(rows/128)][ceil(cols/128)], stride 4*ceil(cols/128) */
 } wfmt_scale;
 
-/* The order a matrix row's elements fill seq64's 64 lanes (kern.h). */
+/* The order a matrix row's elements fill seq16's 16 lanes (kern.h). */
 typedef enum wfmt_lanes {
-    WF_LANES_SEQ,   /* element i -> lane i % 64 */
-    WF_LANES_NIBBLE /* 4-bit formats: each 32-column group's even columns, then its odd ones */
+    WF_LANES_SEQ,   /* element i -> lane i % 16 */
+    WF_LANES_NIBBLE /* 4-bit formats: lane (i % 32) / 2, a group's even columns then its odd ones */
 } wfmt_lanes;
 
 /* One row per format, in the manner of ggml's type traits. The safetensors fields say how a

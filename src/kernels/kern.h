@@ -2,22 +2,30 @@
  *
  * THE EXACTNESS CONTRACT LIVES HERE. Every kernel computes each output element in one fixed,
  * documented order, so the bits of a result never depend on T (how many tokens a pass
- * carries), on the chunk or thread that computed it, or on the instruction set:
+ * carries), on the chunk or thread that computed it, or on the instruction set. There are two
+ * orders, one for a matrix row against an activation vector and one for two activation vectors:
  *
- *   dot(w, x) over n elements ("seq64"): 64 float32 partial sums acc[0..63], all +0 at the
- *   start; for i = 0, 1, ..., n-1 in order, acc[i % 64] = fma(w[i], x[i], acc[i % 64]);
- *   then a fixed tree: for h = 32, 16, 8, 4, 2, 1: acc[j] = acc[j] + acc[j + h] for j < h.
- *   The result is acc[0].
+ *   matrix rows ("seq16"): y = W[r, :] . x over n columns uses 16 float32 partial sums
+ *   acc[0..15], all +0 at the start; for i = 0, 1, ..., n-1 in order,
+ *   acc[lane(i)] = fma(w[i], x[i], acc[lane(i)]); then a fixed tree: for h = 8, 4, 2, 1:
+ *   acc[j] = acc[j] + acc[j + h] for j < h. The result is acc[0]. For the plain formats
+ *   lane(i) = i % 16. The 4-bit formats (MXFP4, INT4) use the "nibble" order
+ *   lane(i) = (i % 32) / 2, because a byte holds an even column in its low nibble and the next
+ *   odd column in its high nibble: a 32-column group's even columns (one vector of low nibbles)
+ *   and then its odd columns (one of high nibbles) go to the same 16 lanes, and within each lane
+ *   the columns still come in increasing i. SIMD code then indexes a 16-entry value table
+ *   straight from the nibbles, about twice as fast as restoring column order.
  *
- * A matrix row is first dequantized exactly (dtype.h) and then reduced with seq64, so a
- * row-times-vector product has one defined value for every format. The 4-bit formats (MXFP4,
- * INT4) use the "nibble" lane order instead of i % 64, because a byte holds an even column in
- * its low nibble and the next odd column in its high nibble: element i goes to lane
- *   32 * ((i / 32) % 2) + 16 * (i % 2) + (i % 32) / 2,
- * i.e. each 32-column group's even columns fill 16 lanes and its odd columns the next 16
- * (still in increasing i within each lane; same tree). This lets SIMD code index a 16-entry
- * value table straight from the nibbles, about twice as fast as restoring column order. The scalar table is the
- * definition (it spells the order out literally); the AVX2 and AVX-512 tables must and do
+ *   vectors ("seq64", dot): the same with 64 partial sums, lane(i) = i % 64, and the tree
+ *   h = 32, 16, 8, 4, 2, 1. A lone dot product (a norm, an attention score) wants many
+ *   independent FMA chains; a matrix wants one small state per output, so that a register tile
+ *   of several rows times several tokens (AVX-512: 4 x 6 vectors) reuses each load: with 64 sums
+ *   a tile held one row and four tokens, 20 loads per 16 FMAs, and prefill ran at 0.3 of the FMA
+ *   peak (bench/results/engine.md).
+ *
+ * A matrix row is first dequantized exactly (dtype.h) and then reduced with seq16, so a
+ * row-times-vector product has one defined value for every format. The scalar table is the
+ * definition (it spells the orders out literally); the AVX2, AVX-512 and NEON tables must and do
  * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
  * logits identical across machines. The one exception is which NaN: a result that is NaN (a NaN
  * weight, such as MXFP4's scale byte 255, or inf - inf) is NaN on every table and path, but its
@@ -62,14 +70,20 @@ typedef struct kern_ops {
 /* glu's activations */
 enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
 
-/* Tokens per group in the T > 1 matrix path and rows per block (its partial sums are carried in
- * scratch from one column pass to the next), and the per-thread scratch a matmul needs for a
- * matrix of `cols` columns: one group's activations in lane order, one decoded row span, and the
- * 64 partial sums of every row and token of a block (64-byte aligned). */
-enum { KERN_TB = 8, KERN_RB = 16 };
+/* The T > 1 matrix path's blocking (kern_matmul.inc), shared by every table because it sizes the
+ * caller's scratch: rows go in blocks of KERN_RB and columns in blocks of KERN_KC, each block's
+ * weights decoded once into scratch and reduced against up to KERN_TG tokens, whose seq16 partial
+ * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. The
+ * 4-bit formats reorder a group's activations into lane order first, KERN_XF floats of them
+ * (fewer tokens per group for long rows, never fewer than 8 rows of activations). */
+enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 18 };
+static inline size_t kern_scratch_xfloats(size_t cols) { return cols * 8 > KERN_XF ? cols * 8 : KERN_XF; }
+/* The per-thread scratch a matmul needs for a matrix of `cols` columns (64-byte aligned): the
+ * reordered activations, one decoded block and the partial sums (the scalar table uses the
+ * first `cols` floats for a decoded row). */
 static inline size_t kern_scratch_floats(size_t cols)
 {
-    return (KERN_TB + 1) * cols + 16 + (size_t)KERN_RB * KERN_TB * 64 + 64;
+    return kern_scratch_xfloats(cols) + (size_t)KERN_RB * KERN_KC + (size_t)KERN_RB * KERN_TG * 16 + 64;
 }
 
 extern const kern_ops kern_scalar;
@@ -88,14 +102,16 @@ const kern_ops *kern_neon(void);
  * NULL or "auto" = fastest). Returns NULL if the named table is not available here. */
 const kern_ops *kern_select(const char *name);
 
-/* The seq64 reduction tree over acc[64] (shared by the scalar kernels and by tests). */
+/* The seq64 and seq16 reduction trees over acc[64] and acc[16] (shared by the scalar kernels
+ * and by tests). */
 float kern_seq64_reduce(float acc[64]);
-/* Lane of element i in a matrix row of format fmt (i % 64, or the nibble order). */
+float kern_seq16_reduce(float acc[16]);
+/* seq16's lane of element i in a matrix row of format fmt (i % 16, or the nibble order). */
 static inline int kern_lane(int fmt, int i)
 {
     if (wfmt_nibble(fmt))
-        return 32 * ((i >> 5) & 1) + 16 * (i & 1) + ((i & 31) >> 1);
-    return i & 63;
+        return (i & 31) >> 1;
+    return i & 15;
 }
 
 #endif

@@ -1,11 +1,12 @@
 /* kern_avx2.c — AVX2 + FMA + F16C kernels, bit-identical to kern_scalar.c.
  *
- * The 64 partial sums of kern.h live in eight ymm registers (lanes 8k..8k+7 in register k);
- * reduce8 is the kern.h tree step by step. Tails are decoded exactly by the scalar decoder and
+ * dot's 64 partial sums (seq64) live in eight ymm registers (lanes 8k..8k+7 in register k), and
+ * a matrix output's 16 (seq16) in two; reduce8 and reduce16 are the kern.h trees step by step. Tails are decoded exactly by the scalar decoder and
  * added with blended FMAs (lanes past the end are left untouched). 4-bit codes use the nibble
  * lane order of kern.h and 8-entry vpermps tables: INT4 two of them (code bit 3 picks the table),
  * MXFP4 one of magnitudes with code bit 3 as the sign (nib_sel_sm), so -0 and every scale multiply
- * match the scalar decoder's bits. T > 1 decodes a row span once into scratch (kern_matmul.inc).
+ * match the scalar decoder's bits. T > 1 decodes a block of rows once into scratch and reduces it
+ * in 2-row x 3-token register tiles (kern_matmul.inc).
  */
 #include "kernels/kern.h"
 #include "kernels/kmath.h"
@@ -47,7 +48,7 @@ INLINE float reduce8(__m256 *r)
     return _mm_cvtss_f32(d);
 }
 
-INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 1..8 */
+INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 0..8 */
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c), idx));
@@ -123,51 +124,25 @@ INLINE __m256 plain_scale(int fmt, const kmat *w, int r, int i)
     return _mm256_set1_ps(fmt == WF_INT8G32 ? kmat_group_scale(w, r, i / 32) : 1.0f);
 }
 
-/* the 64 partial sums of kern.h for one row: lanes 8k..8k+7 in r[k] */
-typedef struct {
-    __m256 r[8];
-} acc_t;
+/* ---- the matmul driver's vectors (kern_matmul.inc): an output's 16 partial sums in two ymm ---- */
 
-INLINE acc_t acc_zero(void)
-{
-    acc_t a;
-    UNROLL
-    for (int k = 0; k < 8; k++)
-        a.r[k] = _mm256_setzero_ps();
-    return a;
-}
+#define ISA_VEC __m256
+#define ISA_LANES 8
+INLINE __m256 vzero(void) { return _mm256_setzero_ps(); }
+INLINE __m256 vload(const float *p) { return _mm256_loadu_ps(p); }
+/* lanes past n are neither read nor set (vmaskmovps does not fault on them) */
+INLINE __m256 vload_n(const float *p, int n) { return _mm256_maskload_ps(p, _mm256_castps_si256(lane_mask(n))); }
+INLINE void vstore(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+INLINE __m256 vfma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 
-INLINE float acc_reduce(const acc_t *a)
+/* the seq16 tree over lanes 0-7 (r[0]) and 8-15 (r[1]): h = 8, 4, 2, 1 */
+INLINE float reduce16(const __m256 *r)
 {
-    acc_t t = *a;
-    return reduce8(t.r);
-}
-
-/* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
- * and c1 is one too or the row's end (only the last span has a tail). */
-INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *a, ptrdiff_t pf)
-{
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    acc_t t = *a;
-    int i = c0, es = wfmt_plain_bytes(fmt);
-    for (; i + 64 <= c1; i += 64) {
-        if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
-            for (int l = 0; l < es; l++)
-                _mm_prefetch((const char *)(row + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
-        /* scales change at most every 32 columns (INT8's groups; FP8's tiles are 128 wide) */
-        __m256 s[2];
-        s[0] = plain_scale(fmt, w, r, i);
-        s[1] = fmt == WF_INT8G32 ? plain_scale(fmt, w, r, i + 32) : s[0];
-        UNROLL
-        for (int k = 0; k < 8; k++)
-            t.r[k] = _mm256_fmadd_ps(ld_plain(fmt, row, i + 8 * k, s[k / 4]), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
-    }
-    if (i < c1) {
-        float d[64];
-        wfmt_table[fmt].decode(w, r, i, c1, d);
-        tail_fma(d, x + i, c1 - i, t.r);
-    }
-    *a = t;
+    __m256 a = _mm256_add_ps(r[0], r[1]);                                               /* h = 8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));      /* h = 4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                      /* h = 2 */
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                       /* h = 1 */
+    return _mm_cvtss_f32(d);
 }
 
 /* ---- 4-bit formats in nibble lane order ---- */
@@ -231,73 +206,11 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
     v[3] = nib_sel(_mm256_srli_epi32(c1, 4), tlo, thi);
 }
 
-/* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
- * multiple of 64, c1 one too or the row's end. */
-INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *a, ptrdiff_t pf)
-{
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
-    acc_t t = *a;
-    __m256 v[4];
-    int i = c0;
-    for (; i + 64 <= c1; i += 64) { /* lanes 0-31, then 32-63: constant indices keep t in registers */
-        if (pf && !(i & 127)) /* the next span's bytes (see span_plain) */
-            _mm_prefetch((const char *)(row + (pf + i / 2)), _MM_HINT_T0);
-        nib_group(fmt, row, s, i / 32, v);
-        UNROLL
-        for (int k = 0; k < 4; k++)
-            t.r[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[k]);
-        nib_group(fmt, row, s, i / 32 + 1, v);
-        UNROLL
-        for (int k = 0; k < 4; k++)
-            t.r[4 + k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 32 + 8 * k), t.r[4 + k]);
-    }
-    if (i < c1) { /* the row's last 32 columns: lanes 0-31 */
-        nib_group(fmt, row, s, i / 32, v);
-        UNROLL
-        for (int k = 0; k < 4; k++)
-            t.r[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xp + i + 8 * k), t.r[k]);
-    }
-    *a = t;
-}
+/* the T > 1 register tile: 2 rows x 3 tokens = 12 accumulators (6 outputs of two ymm each), two
+ * weight vectors and an activation: 15 of the 16 ymm */
+#define TILE_MR 2
+#define TILE_NR 3
 
-/* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
- * multiples of 32), prefetching the span pf bytes away alongside. */
-INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o, ptrdiff_t pf)
-{
-    const uint8_t *a = w->data + (size_t)r * w->row_bytes, *s = w->scale + (size_t)r * w->scale_stride;
-    for (int i = c0; i < c1; i += 32) {
-        if (pf && !(i & 127)) /* a span decoded later (kern_matmul.inc) */
-            _mm_prefetch((const char *)(a + i / 2 + pf), _MM_HINT_T0);
-        __m256 v[4];
-        nib_group(fmt, a, s, i / 32, v);
-        UNROLL
-        for (int k = 0; k < 4; k++)
-            _mm256_storeu_ps(o + i - c0 + 8 * k, v[k]);
-    }
-}
-
-/* T > 1: adds w[0..len) (a decoded span in lane order from a multiple of 64 columns; only a row's
- * last span has a tail) times one token's activations x to its partial sums. One token at a time:
- * its eight accumulators and a weight vector already take half of the 16 ymm registers. */
-#define ISA_TOKBLK 1
-static void span_dots(const float *w, int len, const float *x, size_t ldx, int nt, acc_t *acc)
-{
-    (void)ldx;
-    (void)nt;
-    acc_t t = *acc;
-    int i = 0;
-    for (; i + 64 <= len; i += 64)
-        UNROLL
-        for (int k = 0; k < 8; k++)
-            t.r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), t.r[k]);
-    if (i < len)
-        tail_fma(w + i, x + i, len - i, t.r);
-    *acc = t;
-}
-
-#define ISA_VEC __m256
-#define ISA_LANES 8
-#define ISA_STORE _mm256_storeu_ps
 #include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)

@@ -1,20 +1,18 @@
 /* kern_avx512.c — AVX-512 (F, BW, VL, DQ) kernels, bit-identical to kern_scalar.c.
  *
- * The 64 partial sums of kern.h live in four zmm registers z0..z3 (lanes 0-15, 16-31, 32-47,
- * 48-63); reduce4 is the kern.h tree step by step. A tail shorter than 64 is decoded with the
- * exact scalar decoder into a zero-padded block and added with masked FMAs, so lanes past the end
- * are left untouched (not even +0 is added: that could flip the sign of a zero).
+ * dot's 64 partial sums (seq64) live in four zmm registers z0..z3 (lanes 0-15, 16-31, 32-47,
+ * 48-63) and a matrix output's 16 (seq16) in one; reduce4 and reduce16 are the kern.h trees step
+ * by step. A dot's tail shorter than 64 is added with masked FMAs, so lanes past the end are
+ * left untouched.
  *
- * T = 1 (decode) runs fused decode + FMA, a row's columns in one sequential sweep (measured:
- * interleaving two rows' streams reads DRAM slower here, not faster); long rows in passes of
- * kern_matmul.inc's span so the activations stay in L1. 4-bit formats use the nibble lane order of
- * kern.h: a 32-column group's even columns (low nibbles) go to one zmm and its odd columns (high
- * nibbles) to the next, so one zero-extension and one shift index a 16-entry table, with the
- * activations permuted to match once per call. MXFP4 tables (E2M1 x 2^(s-127)) are precomputed
- * for all 256 scale bytes.
- * T > 1 decodes a row span once into scratch (exactly, in lane order) and reduces it against the
- * tokens four at a time, each weight vector loaded once for the four (kern_matmul.inc's passes):
- * the same bits as T = 1.
+ * T = 1 (decode) runs fused decode + FMA, four rows at a time (four FMA chains, one activation
+ * load for four FMAs), long rows in passes of kern_matmul.inc's span so the activations stay in
+ * L1. 4-bit formats use the nibble lane order of kern.h: a 32-column group's even columns (low
+ * nibbles) and then its odd columns (high nibbles) go to the same zmm of sums, so one
+ * zero-extension and one shift index a 16-entry table, with the activations permuted to match
+ * once per call. MXFP4 tables (E2M1 x 2^(s-127)) are precomputed for all 256 scale bytes.
+ * T > 1 decodes a block of rows once into scratch (exactly, in lane order) and reduces it in
+ * 4-row x 6-token register tiles (kern_matmul.inc): the same bits as T = 1.
  *
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; called only after
  * kern_select has checked the CPU.
@@ -120,45 +118,24 @@ INLINE __m512 plain_scale(int fmt, const kmat *w, int r, int i)
     return _mm512_set1_ps(fmt == WF_INT8G32 ? kmat_group_scale(w, r, i / 32) : 1.0f);
 }
 
-/* the 64 partial sums of kern.h for one row: lanes 16k..16k+15 in z[k] */
-typedef struct {
-    __m512 z[4];
-} acc_t;
+/* ---- the matmul driver's vectors (kern_matmul.inc): one zmm holds an output's 16 partial sums ---- */
 
-INLINE acc_t acc_zero(void)
+#define ISA_VEC __m512
+#define ISA_LANES 16
+INLINE __m512 vzero(void) { return _mm512_setzero_ps(); }
+INLINE __m512 vload(const float *p) { return _mm512_loadu_ps(p); }
+INLINE __m512 vload_n(const float *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+INLINE void vstore(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+INLINE __m512 vfma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+
+/* the seq16 tree: h = 8, 4, 2, 1 */
+INLINE float reduce16(const __m512 *z)
 {
-    __m512 z = _mm512_setzero_ps();
-    return (acc_t){{z, z, z, z}};
-}
-
-INLINE float acc_reduce(const acc_t *a) { return reduce4(a->z[0], a->z[1], a->z[2], a->z[3]); }
-
-/* Adds columns [c0, c1) of plain-format row r (T = 1) to its partial sums; c0 is a multiple of 64
- * and c1 is one too or the row's end (only the last span has a tail); pf: when not 0, the byte
- * offset from this span's weights to those of the span that runs next, prefetched alongside
- * (see kern_matmul.inc). */
-INLINE void span_plain(int fmt, const kmat *w, int r, int c0, int c1, const float *x, acc_t *acc, ptrdiff_t pf)
-{
-    const uint8_t *a = w->data + (size_t)r * w->row_bytes;
-    __m512 z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3];
-    int i = c0, es = wfmt_plain_bytes(fmt);
-    for (; i + 64 <= c1; i += 64) {
-        if (pf) /* the next span's bytes: its own stream, too short for the hardware prefetcher */
-            for (int l = 0; l < es; l++)
-                _mm_prefetch((const char *)(a + (pf + (ptrdiff_t)i * es + 64 * l)), _MM_HINT_T0);
-        /* scales change at most every 32 columns (INT8's groups; FP8's tiles are 128 wide) */
-        __m512 sa = plain_scale(fmt, w, r, i), sb = fmt == WF_INT8G32 ? plain_scale(fmt, w, r, i + 32) : sa;
-        z0 = _mm512_fmadd_ps(ld_plain(fmt, a, i, sa), _mm512_loadu_ps(x + i), z0);
-        z1 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 16, sa), _mm512_loadu_ps(x + i + 16), z1);
-        z2 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 32, sb), _mm512_loadu_ps(x + i + 32), z2);
-        z3 = _mm512_fmadd_ps(ld_plain(fmt, a, i + 48, sb), _mm512_loadu_ps(x + i + 48), z3);
-    }
-    *acc = (acc_t){{z0, z1, z2, z3}};
-    if (i < c1) {
-        float t[64];
-        wfmt_table[fmt].decode(w, r, i, c1, t);
-        tail_fma(t, x + i, c1 - i, acc->z);
-    }
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(z[0]), _mm512_extractf32x8_ps(z[0], 1)); /* h = 8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));          /* h = 4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                          /* h = 2 */
+    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                           /* h = 1 */
+    return _mm_cvtss_f32(d);
 }
 
 /* ---- 4-bit formats in nibble lane order ---- */
@@ -183,99 +160,19 @@ INLINE __m512 nib_table(int fmt, const uint8_t *srow, int g)
     return _mm512_mul_ps(_mm512_loadu_ps(lut_int4), _mm512_set1_ps(s));
 }
 
-/* even-column and odd-column values of group g (16 bytes at p) */
-INLINE void nib_group(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od)
+/* Column group g of a 4-bit row (its 16 bytes at row + 16 g, its scale in srow) in lane order:
+ * v[0] the even columns (low nibbles: vpermps reads bits 0-3), v[1] the odd ones. */
+INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, __m512 *v)
 {
-    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *ev = _mm512_permutexvar_ps(c, tab);                         /* low nibble: vpermps reads bits 0-3 */
-    *od = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);   /* high nibble */
+    __m512 tab = nib_table(fmt, srow, g);
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * (size_t)g)));
+    v[0] = _mm512_permutexvar_ps(c, tab);
+    v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
 }
 
-INLINE const uint8_t *nib_srow(const kmat *w, int r) { return w->scale + (size_t)r * w->scale_stride; }
-
-/* Exact decode of columns [c0, c1) of row r into o[0 .. c1 - c0) in lane order (T > 1; c0 and c1
- * multiples of 32, as every 4-bit row's length is), prefetching the span pf bytes away alongside. */
-INLINE void nib_decode_span(int fmt, const kmat *w, int r, int c0, int c1, float *o, ptrdiff_t pf)
-{
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes, *s = nib_srow(w, r);
-    for (int i = c0; i < c1; i += 32) {
-        if (pf && !(i & 127)) /* a span decoded later (kern_matmul.inc) */
-            _mm_prefetch((const char *)(row + i / 2 + pf), _MM_HINT_T0);
-        __m512 ev, od;
-        nib_group(row + i / 2, nib_table(fmt, s, i / 32), &ev, &od);
-        _mm512_storeu_ps(o + i - c0, ev);
-        _mm512_storeu_ps(o + i - c0 + 16, od);
-    }
-}
-
-/* Adds columns [c0, c1) of 4-bit row r (T = 1; xp is x in lane order) to its partial sums; c0 is a
- * multiple of 64, c1 one too or the row's end (which may leave one 32-column group: lanes 0-31). */
-INLINE void span_nib(int fmt, const kmat *w, int r, int c0, int c1, const float *xp, acc_t *acc, ptrdiff_t pf)
-{
-    const uint8_t *a = w->data + (size_t)r * w->row_bytes, *sa = nib_srow(w, r);
-    __m512 z0 = acc->z[0], z1 = acc->z[1], z2 = acc->z[2], z3 = acc->z[3], e, o;
-    int i = c0;
-    for (; i + 64 <= c1; i += 64) {
-        if (pf && !(i & 127)) /* the next span's bytes (see span_plain) */
-            _mm_prefetch((const char *)(a + (pf + i / 2)), _MM_HINT_T0);
-        nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
-        z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
-        z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
-        nib_group(a + i / 2 + 16, nib_table(fmt, sa, i / 32 + 1), &e, &o);
-        z2 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i + 32), z2);
-        z3 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 48), z3);
-    }
-    if (i < c1) {
-        nib_group(a + i / 2, nib_table(fmt, sa, i / 32), &e, &o);
-        z0 = _mm512_fmadd_ps(e, _mm512_loadu_ps(xp + i), z0);
-        z1 = _mm512_fmadd_ps(o, _mm512_loadu_ps(xp + i + 16), z1);
-    }
-    *acc = (acc_t){{z0, z1, z2, z3}};
-}
-
-/* ---- T > 1: one decoded span against several tokens ---- */
-
-/* Adds w[0..len) (a decoded span in lane order, starting at a multiple of 64 columns; only a
- * row's last span has a tail) times each of NT tokens' activations (x + t * ldx) to that token's
- * partial sums acc[t]: each weight vector is loaded once for all NT tokens, whose 4 x NT
- * accumulators stay in registers (NT <= 4: 16 of the 32 zmm). */
-INLINE void dots_nt(const float *w, int len, const float *x, size_t ldx, const int NT, acc_t *acc)
-{
-    __m512 z[4][4];
-    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
-        z[t][k] = acc[t].z[k];
-    int i = 0;
-    for (; i + 64 <= len; i += 64) {
-        __m512 v[4];
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) v[k] = _mm512_loadu_ps(w + i + 16 * k);
-        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
-            z[t][k] = _mm512_fmadd_ps(v[k], _mm512_loadu_ps(x + (size_t)t * ldx + i + 16 * k), z[t][k]);
-    }
-    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
-        acc[t].z[k] = z[t][k];
-    if (i < len)
-        for (int t = 0; t < NT; t++)
-            tail_fma(w + i, x + (size_t)t * ldx + i, len - i, acc[t].z);
-}
-
-#define ISA_TOKBLK 4
-static void span_dots(const float *w, int len, const float *x, size_t ldx, int nt, acc_t *acc)
-{
-    switch (nt) {
-    case 4:
-        dots_nt(w, len, x, ldx, 4, acc);
-        return;
-    case 3:
-        dots_nt(w, len, x, ldx, 3, acc);
-        return;
-    case 2:
-        dots_nt(w, len, x, ldx, 2, acc);
-        return;
-    default:
-        dots_nt(w, len, x, ldx, 1, acc);
-        return;
-    }
-}
+/* the T > 1 register tile: 4 rows x 6 tokens = 24 accumulators, 4 weight vectors, 1 activation */
+#define TILE_MR 4
+#define TILE_NR 6
 
 /* ---- the GLU activation (kern_vmath.inc) ---- */
 
@@ -308,9 +205,6 @@ static void span_dots(const float *w, int len, const float *x, size_t ldx, int n
 
 /* ---- entry points ---- */
 
-#define ISA_VEC __m512
-#define ISA_LANES 16
-#define ISA_STORE _mm512_storeu_ps
 #include "kernels/kern_matmul.inc"
 
 static void avx512_axpy(float *y, const float *x, float a, int n)

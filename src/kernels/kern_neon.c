@@ -1,9 +1,10 @@
 /* kern_neon.c — AArch64 NEON kernels, bit-identical to kern_scalar.c.
  *
- * The 64 seq64 partial sums live in sixteen float32x4 registers (lanes 4k..4k+3 in register
- * k). vfmaq_f32 is a fused multiply-add, like fmaf. Rows are decoded exactly with the scalar
- * decoder in 64-element blocks (NEON has no cheap 16-entry float table lookup; the decode is
- * exact either way), then reduced in seq64 order. The GLU activation and exp_sub are the
+ * dot's 64 seq64 partial sums live in sixteen float32x4 registers (lanes 4k..4k+3 in register
+ * k), a matrix output's 16 seq16 sums in four. vfmaq_f32 is a fused multiply-add, like fmaf.
+ * Rows are decoded exactly with the scalar decoder a block of KERN_KC columns at a time (NEON has
+ * no cheap 16-entry float table lookup; the decode is exact either way), put in lane order and
+ * reduced against each token in seq16 order, the sums carried from block to block. The GLU activation and exp_sub are the
  * reference loops (kmath.h's functions, compiled as plain C).
  */
 #include "kernels/kern.h"
@@ -63,7 +64,7 @@ static void neon_decode_rows(const kmat *w, int r0, int r1, float *out)
         wfmt_table[w->fmt].decode(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
 }
 
-/* Reorders v into the format's lane order (kern.h): identity, or per 32-column group the
+/* Reorders v[0..n) into the format's lane order (kern.h): identity, or per 32-column group the
  * even columns then the odd ones. */
 static void to_lane_order(int fmt, const float *v, int n, float *o)
 {
@@ -78,20 +79,60 @@ static void to_lane_order(int fmt, const float *v, int n, float *o)
         }
 }
 
+/* Adds w[0..len) times x[0..len) (both in lane order) to the 16 sums at s, in seq16 order. */
+static void sums16_add(float *s, const float *w, const float *x, int len)
+{
+    float32x4_t a[4];
+    for (int k = 0; k < 4; k++)
+        a[k] = vld1q_f32(s + 4 * k);
+    int i = 0;
+    for (; i + 16 <= len; i += 16)
+        for (int k = 0; k < 4; k++)
+            a[k] = vfmaq_f32(a[k], vld1q_f32(w + i + 4 * k), vld1q_f32(x + i + 4 * k));
+    if (i < len) { /* zero padding adds nothing (see kern_matmul.inc) */
+        float tw[16] = {0}, tx[16] = {0};
+        memcpy(tw, w + i, sizeof(float) * (size_t)(len - i));
+        memcpy(tx, x + i, sizeof(float) * (size_t)(len - i));
+        for (int k = 0; k < 4; k++)
+            a[k] = vfmaq_f32(a[k], vld1q_f32(tw + 4 * k), vld1q_f32(tx + 4 * k));
+    }
+    for (int k = 0; k < 4; k++)
+        vst1q_f32(s + 4 * k, a[k]);
+}
+
+/* the seq16 tree over 16 sums: h = 8, 4 in registers, then 2, 1 */
+static float sums16_reduce(const float *s)
+{
+    float32x4_t a = vaddq_f32(vld1q_f32(s), vld1q_f32(s + 8)), b = vaddq_f32(vld1q_f32(s + 4), vld1q_f32(s + 12));
+    float c[4];
+    vst1q_f32(c, vaddq_f32(a, b));
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* scratch: the group's lane-ordered activations (kern_scratch_xfloats), a decoded block and its
+ * lane-ordered copy, and each token's 16 sums for the current row */
 static void neon_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                         float *scratch)
 {
     int n = w->cols;
-    float *row = scratch + (size_t)KERN_TB * n, *dec = scratch + (size_t)(KERN_TB - 1) * n;
-    for (int t0 = 0; t0 < T; t0 += KERN_TB - 1) {
-        int tb = T - t0 < KERN_TB - 1 ? T - t0 : KERN_TB - 1;
-        for (int t = 0; t < tb; t++)
+    size_t xf = kern_scratch_xfloats((size_t)n);
+    int tgmax = xf / (size_t)n < KERN_TG ? (int)(xf / (size_t)n) : KERN_TG;
+    float *dec = scratch + xf, *row = dec + KERN_KC, *st = dec + (size_t)KERN_RB * KERN_KC;
+    for (int t0 = 0; t0 < T; t0 += tgmax) {
+        int tg = T - t0 < tgmax ? T - t0 : tgmax;
+        for (int t = 0; t < tg; t++)
             to_lane_order(w->fmt, x + (size_t)(t0 + t) * ldx, n, scratch + (size_t)t * n);
         for (int r = r0; r < r1; r++) {
-            wfmt_table[w->fmt].decode(w, r, 0, n, dec);
-            to_lane_order(w->fmt, dec, n, row);
-            for (int t = 0; t < tb; t++)
-                y[(size_t)(t0 + t) * ldy + (size_t)(r - r0)] = neon_dot(row, scratch + (size_t)t * n, n);
+            memset(st, 0, sizeof(float) * 16 * (size_t)tg);
+            for (int c0 = 0; c0 < n; c0 += KERN_KC) {
+                int len = n - c0 < KERN_KC ? n - c0 : KERN_KC;
+                wfmt_table[w->fmt].decode(w, r, c0, c0 + len, dec);
+                to_lane_order(w->fmt, dec, len, row);
+                for (int t = 0; t < tg; t++)
+                    sums16_add(st + 16 * (size_t)t, row, scratch + (size_t)t * n + c0, len);
+            }
+            for (int t = 0; t < tg; t++)
+                y[(size_t)(t0 + t) * ldy + (size_t)(r - r0)] = sums16_reduce(st + 16 * (size_t)t);
         }
     }
 }

@@ -1,4 +1,4 @@
-/* kern_scalar.c — the reference kernels: the seq64 order of kern.h written out literally.
+/* kern_scalar.c — the reference kernels: the seq16 and seq64 orders of kern.h written out literally.
  * Compiled without any SIMD flags and with -ffp-contract=off, so fmaf() is the only fused
  * operation and every other + and * rounds on its own, as the contract says. */
 #include <math.h>
@@ -9,6 +9,14 @@
 float kern_seq64_reduce(float acc[64])
 {
     for (int h = 32; h >= 1; h /= 2)
+        for (int j = 0; j < h; j++)
+            acc[j] = acc[j] + acc[j + h];
+    return acc[0];
+}
+
+float kern_seq16_reduce(float acc[16])
+{
+    for (int h = 8; h >= 1; h /= 2)
         for (int j = 0; j < h; j++)
             acc[j] = acc[j] + acc[j + h];
     return acc[0];
@@ -29,15 +37,15 @@ static void scalar_decode_rows(const kmat *w, int r0, int r1, float *out)
         f->decode(w, r, 0, w->cols, out + (size_t)(r - r0) * (size_t)w->cols);
 }
 
-/* A matrix row against one activation vector, in the format's lane order (kern.h). */
+/* A matrix row against one activation vector: seq16 in the format's lane order (kern.h). */
 static float row_dot(int fmt, const float *w, const float *x, int n)
 {
-    float acc[64] = {0};
+    float acc[16] = {0};
     for (int i = 0; i < n; i++) {
         int l = kern_lane(fmt, i);
         acc[l] = fmaf(w[i], x[i], acc[l]);
     }
-    return kern_seq64_reduce(acc);
+    return kern_seq16_reduce(acc);
 }
 
 static void scalar_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
