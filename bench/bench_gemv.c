@@ -1,18 +1,21 @@
 /* bench_gemv.c — decode-shaped GEMV (one activation row times a weight matrix) for BF16 and
- * MXFP4 at the shapes that matter (4096 x 14336 both ways; K3's expert 3072 x 3584 and
- * 3584 x 3072), on 1 and 2 threads: GB/s of weights streamed, GFLOPS, and the ratio to the read
+ * MXFP4 at K3's shapes (7168 -> 12288 and 12288 -> 7168; the experts' 3584 -> 3072 and
+ * 3072 -> 3584), on 1 and 2 threads: GB/s of weights streamed, GFLOPS, and the ratio to the read
  * bandwidth this same program measures (the better of a plain and a paged, prefetching streaming
  * read of a buffer far larger than the caches, see read_range). The GEMVs of a round read every
  * matrix of a rotating set larger than the caches once, so the weights come from DRAM as in real
  * decode; rounds alternate with a round of the read measurement, and both figures are medians
  * over the rounds (see bench_shape).
  *
- * With --tokens T (T > 1: prefill- and verify-shaped, T activation rows per call) the kernels are
- * compute-bound, and the ratio is to the FMA peak the same rounds measure instead (fma_once).
+ * With --tokens T (T > 1: prefill- and verify-shaped, T activation rows per call) the ratio is to
+ * the FMA peak the same rounds measure instead (fma_once), and for T <= 8 also to the read
+ * bandwidth (from a separate read round), since a verify pass should stream its weights once.
+ * The rotating set is then 1 GiB / T (at least 64 MiB, still far beyond the caches) so that a
+ * round stays short at T = 512.
  *
  * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS] [--in-cache]
- *                   [--tokens T]
- * (--shape: any shape, columns a multiple of 32; --in-cache: see bench_shape)
+ *                   [--tokens T] [--formats bf16,mxfp4,int4,fp8]
+ * (--shape: any shape, columns a multiple of 128; --in-cache: see bench_shape)
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
 #include <immintrin.h>
@@ -155,14 +158,24 @@ static void fill_matrix(rng *r, int fmt, int rows, int cols, uint8_t **data, uin
      * put a subnormal or a subnormal product in about one 16-wide FMA of five; Intel cores take
      * a microcode assist on each (AMD's do not), which made BF16 three times slower on the Xeon
      * host: a benchmark of subnormals, not of the kernel. */
-    if (fmt == WF_BF16)
-        for (size_t i = 0; i + 2 <= db; i += 2) {
-            float f = (float)(0.02 * rng_normal(r));
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            uint16_t h = (uint16_t)(u >> 16);
-            memcpy(*data + i, &h, 2);
+    if (fmt == WF_BF16) {
+        /* drawn from a table of 4096 normal values: a Box-Muller pair per weight took minutes
+         * for a run's gigabytes of matrices */
+        static uint16_t tab[4096];
+        static int filled;
+        for (; !filled; filled = 1)
+            for (int k = 0; k < 4096; k++) {
+                float f = (float)(0.02 * rng_normal(r));
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                tab[k] = (uint16_t)(u >> 16);
+            }
+        for (size_t i = 0; i + 8 <= db; i += 8) {
+            uint64_t v = rng_next(r);
+            uint16_t h[4] = {tab[v & 4095], tab[(v >> 12) & 4095], tab[(v >> 24) & 4095], tab[(v >> 36) & 4095]};
+            memcpy(*data + i, h, 8);
         }
+    }
     else
         for (size_t i = 0; i < db; i += 8) {
             uint64_t v = rng_next(r);
@@ -196,7 +209,8 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
                         double seconds, int in_cache, int T)
 {
     size_t bytes = wfmt_data_bytes(fmt, rows, cols) + wfmt_scale_bytes(fmt, rows, cols);
-    int nm = in_cache ? 1 : (int)(SET_BYTES / bytes) + 1, reps = in_cache ? (int)((64u << 20) / bytes) + 1 : 1;
+    size_t set = T > 1 ? (SET_BYTES / (size_t)T > (64u << 20) ? SET_BYTES / (size_t)T : (64u << 20)) : SET_BYTES;
+    int nm = in_cache ? 1 : (int)(set / bytes) + 1, reps = in_cache ? (int)((64u << 20) / bytes) + 1 : 1;
     rng r;
     rng_seed(&r, 42);
     kmat *m = calloc((size_t)nm, sizeof *m);
@@ -218,10 +232,11 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
         j.w = &m[i];
         pool_for(p, rows, mm_part, &j);
     }
-    double rd[MAX_ROUNDS], mm[MAX_ROUNDS], t0 = timer_now();
+    double rd[MAX_ROUNDS], rb[MAX_ROUNDS], mm[MAX_ROUNDS], t0 = timer_now();
     int n = 0;
     do {
         rd[n] = in_cache ? 0 : T > 1 ? (fma_ok ? fma_once(p, wide) : 0) : read_once(p, rj);
+        rb[n] = !in_cache && T > 1 && T <= 8 ? read_once(p, rj) : 0;
         double t1 = timer_now();
         for (int q = 0; q < reps; q++)
             for (int i = 0; i < nm; i++) {
@@ -231,12 +246,14 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
         mm[n] = (double)bytes * nm * reps / (timer_now() - t1) / 1e9;
         n++;
     } while (n < MAX_ROUNDS && (n < 5 || timer_now() - t0 < seconds));
-    double bw = median(rd, n), gbs = median(mm, n), per = (double)bytes / gbs / 1e9;
+    double bw = median(rd, n), rbw = median(rb, n), gbs = median(mm, n), per = (double)bytes / gbs / 1e9;
     double gflops = 2.0 * rows * cols * T / per / 1e9;
     printf("| %-6s | %5d x %-5d | %2d | %d | %3d | %8.1f | ", wfmt_table[fmt].name, rows, cols, T, pool_size(p), n,
            per * 1e6);
     if (in_cache || (T > 1 && !fma_ok)) /* no limit measured: no ratio */
         printf("    - | %7.1f | %6.1f |    - |\n", gbs, gflops);
+    else if (T > 1 && T <= 8)
+        printf("%5.0f | %7.1f | %6.1f | %.2f | %5.1f | %.2f |\n", bw, gbs, gflops, gflops / bw, rbw, gbs / rbw);
     else if (T > 1)
         printf("%5.0f | %7.1f | %6.1f | %.2f |\n", bw, gbs, gflops, gflops / bw);
     else
@@ -252,11 +269,36 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     free(y);
 }
 
+/* "bf16,mxfp4,int4,fp8" -> format ids */
+static int parse_formats(const char *s, int *fmts, int *nf)
+{
+    static const struct {
+        const char *name;
+        int fmt;
+    } names[] = {{"bf16", WF_BF16}, {"mxfp4", WF_MXFP4}, {"int4", WF_INT4G32}, {"fp8", WF_FP8B128}};
+    int n = 0;
+    while (*s && n < WF_COUNT) {
+        size_t len = strcspn(s, ",");
+        int found = -1;
+        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+            if (strlen(names[k].name) == len && !strncmp(s, names[k].name, len))
+                found = names[k].fmt;
+        if (found < 0)
+            return -1;
+        fmts[n++] = found;
+        s += len;
+        if (*s == ',')
+            s++;
+    }
+    *nf = n;
+    return n > 0 ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
     const char *kname = NULL;
     double seconds = 2.0;
-    int only_r = 0, only_c = 0, in_cache = 0, T = 1;
+    int only_r = 0, only_c = 0, in_cache = 0, T = 1, fmts[WF_COUNT] = {WF_BF16, WF_MXFP4}, nf = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc)
             kname = argv[++i];
@@ -264,14 +306,16 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--in-cache"))
             in_cache = 1;
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 256)
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 512)
             T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &only_r, &only_c) == 2 &&
-                 only_r > 0 && only_c > 0 && only_c % 32 == 0)
+                 only_r > 0 && only_c > 0 && only_c % 128 == 0)
+            i++;
+        else if (!strcmp(argv[i], "--formats") && i + 1 < argc && parse_formats(argv[i + 1], fmts, &nf) == 0)
             i++;
         else {
             fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--in-cache] "
-                            "[--tokens 1..256]\n");
+                            "[--tokens 1..512] [--formats bf16,mxfp4,int4,fp8]\n");
             return 2;
         }
     }
@@ -280,8 +324,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gemv: kernels '%s' not available here\n", kname);
         return 1;
     }
-    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {3072, 3584}, {3584, 3072}};
-    static const int fmts[] = {WF_BF16, WF_MXFP4};
+    static const int shapes[][2] = {{12288, 7168}, {7168, 12288}, {3072, 3584}, {3584, 3072}};
     printf("kernels: %s\n\n", k->name);
     struct read_job rj = {big_alloc(SET_BYTES), SET_BYTES, 0, {0}};
     if (!rj.buf) {
@@ -297,14 +340,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_gemv: %s\n", err.msg);
             return 1;
         }
-        if (T > 1)
+        if (T > 1 && T <= 8)
+            printf("| format | rows x cols   | tokens | threads | rounds | us/call | FMA peak GFLOPS | weight GB/s "
+                   "| GFLOPS | ratio to FMA peak | read GB/s | ratio to read bw |\n");
+        else if (T > 1)
             printf("| format | rows x cols   | tokens | threads | rounds | us/call | FMA peak GFLOPS | weight GB/s "
                    "| GFLOPS | ratio to FMA peak |\n");
         else
             printf("| format | rows x cols   | tokens | threads | rounds | us/call | read GB/s | GEMV GB/s | GFLOPS "
                    "| ratio to read bw |\n");
         printf("|--------|---------------|----|---|-----|----------|-------|---------|--------|------|\n");
-        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (int f = 0; f < nf; f++)
             if (only_r) /* any shape (cols a multiple of 32) */
                 bench_shape(k, p, &rj, fmts[f], only_r, only_c, seconds, in_cache, T);
             else

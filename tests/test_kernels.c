@@ -234,10 +234,10 @@ static void check_isa(const kern_ops *k)
      * block follows the first and ends in a group of three (the prefetch offsets change there).
      * At T > 1 rows go in blocks of KERN_RB = 16 (130: eight and a block of 2, padded to the
      * tile's rows), columns in blocks of KERN_KC = 256 (tails of a block and of a 16-column
-     * vector: 1000, 4099, 8259), tokens in groups of KERN_TG = 64 (70: 64, then 6) or, for 4-bit
-     * rows, of KERN_XF / cols (12320 columns: 21, so 25 and 64 take several groups and 64 ends
-     * in a group of one, the T = 1 path), and within a group in tiles of up to 6 tokens (every T
-     * from 1 to 8, 13 = 6 + 6 + 1). */
+     * vector: 1000, 4099, 8259), tokens in equal groups of at most KERN_TG = 64 (70: 35 + 35) or,
+     * for 4-bit rows, of KERN_XF / cols (12320 columns: 42, so 64 goes as 32 + 32 and 70 as
+     * 35 + 35), and within a group in tiles of up to 6 tokens (every T from 1 to 8, 13 = 6 + 6 +
+     * 1, 25 = 4 x 6 + 1). */
     static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},
                                     {2, 224},  {9, 1056},  {130, 256}, {19, 4128}, {2, 12320}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 4099, 8256, 8259};
@@ -320,6 +320,27 @@ TEST(kern_scalar_is_seq64)
     a[1] = 1.0f; /* a different lane: survives until the tree adds lane 1 to lane 0 at h=1 */
     got = kern_scalar.dot(a, b, 130);
     CHECKF(got == 1.0f, "got %g", got); /* a plain left-to-right sum would give 0 */
+}
+
+TEST(kern_scalar_matmul_is_seq16)
+{
+    /* a matrix row has 16 lanes: column 16 shares column 0's lane (its 1 is lost against 1e8),
+     * column 1 does not (its 1 survives until the tree's last step); seq64 would keep both */
+    float w[40] = {0}, x[40];
+    for (int i = 0; i < 40; i++)
+        x[i] = 1.0f;
+    w[0] = 1e8f;
+    w[16] = 1.0f;
+    w[32] = -1e8f;
+    kmat m;
+    kmat_init(&m, WF_F32, 1, 40, w, NULL);
+    float y = -1, scratch[64];
+    kern_scalar.matmul(&m, 0, 1, x, 40, 1, &y, 1, scratch);
+    CHECKF(y == 0.0f, "got %g", y);
+    w[16] = 0;
+    w[1] = 1.0f;
+    kern_scalar.matmul(&m, 0, 1, x, 40, 1, &y, 1, scratch);
+    CHECKF(y == 1.0f, "got %g", y);
 }
 
 static void check_elementwise(const kern_ops *k)

@@ -76,7 +76,7 @@ enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
  * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. The
  * 4-bit formats reorder a group's activations into lane order first, KERN_XF floats of them
  * (fewer tokens per group for long rows, never fewer than 8 rows of activations). */
-enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 18 };
+enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 19 };
 static inline size_t kern_scratch_xfloats(size_t cols) { return cols * 8 > KERN_XF ? cols * 8 : KERN_XF; }
 /* The per-thread scratch a matmul needs for a matrix of `cols` columns (64-byte aligned): the
  * reordered activations, one decoded block and the partial sums (the scalar table uses the

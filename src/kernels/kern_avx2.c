@@ -211,6 +211,8 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 #define TILE_MR 2
 #define TILE_NR 3
 
+/* only T = 1 fuses decode and FMA (four rows of two ymm each: 8 of the 16 ymm) */
+#define FUSED_NT 1
 #include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)

@@ -205,6 +205,8 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 
 /* ---- entry points ---- */
 
+/* T <= 4 fuses decode and FMA for every token: 4 rows x 4 tokens = 16 accumulators */
+#define FUSED_NT 4
 #include "kernels/kern_matmul.inc"
 
 static void avx512_axpy(float *y, const float *x, float a, int n)
