@@ -73,11 +73,16 @@ enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
 /* The T > 1 matrix path's blocking (kern_matmul.inc), shared by every table because it sizes the
  * caller's scratch: rows go in blocks of KERN_RB and columns in blocks of KERN_KC, each block's
  * weights decoded once into scratch and reduced against up to KERN_TG tokens, whose seq16 partial
- * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. The
- * 4-bit formats reorder a group's activations into lane order first, KERN_XF floats of them
- * (fewer tokens per group for long rows, never fewer than 8 rows of activations). */
+ * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. A
+ * group's activations are first copied into column-block panels (4-bit formats: in lane order),
+ * KERN_XF floats of them (fewer tokens per group for long rows, never fewer than 8 rows of
+ * activations, rounded up to whole column blocks). */
 enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 19 };
-static inline size_t kern_scratch_xfloats(size_t cols) { return cols * 8 > KERN_XF ? cols * 8 : KERN_XF; }
+static inline size_t kern_scratch_xfloats(size_t cols)
+{
+    size_t c8 = (cols + KERN_KC - 1) / KERN_KC * KERN_KC * 8;
+    return c8 > KERN_XF ? c8 : KERN_XF;
+}
 /* The per-thread scratch a matmul needs for a matrix of `cols` columns (64-byte aligned): the
  * reordered activations, one decoded block and the partial sums (the scalar table uses the
  * first `cols` floats for a decoded row). */

@@ -22,6 +22,7 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__)
+#include <assert.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
