@@ -148,13 +148,21 @@ INLINE float reduce16(const __m256 *r)
 
 /* ---- 4-bit formats in nibble lane order ---- */
 
+/* a 32-column group's even columns, then its odd ones: shufps picks evens (or odds) of two
+ * vectors per 128-bit half, vpermpd puts the halves in order */
 static void permute_nib(const float *x, int n, float *xp)
 {
-    for (int i = 0; i < n; i += 32)
-        for (int j = 0; j < 16; j++) {
-            xp[i + j] = x[i + 2 * j];
-            xp[i + 16 + j] = x[i + 2 * j + 1];
-        }
+    for (int i = 0; i < n; i += 32) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        __m256 c = _mm256_loadu_ps(x + i + 16), d = _mm256_loadu_ps(x + i + 24);
+#define NIB_HALF(u, v, sel) \
+    _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u, v, sel)), 0xD8))
+        _mm256_storeu_ps(xp + i, NIB_HALF(a, b, 0x88));      /* columns 0, 2, .., 14 */
+        _mm256_storeu_ps(xp + i + 8, NIB_HALF(c, d, 0x88));  /* 16, .., 30 */
+        _mm256_storeu_ps(xp + i + 16, NIB_HALF(a, b, 0xDD)); /* 1, 3, .., 15 */
+        _mm256_storeu_ps(xp + i + 24, NIB_HALF(c, d, 0xDD)); /* 17, .., 31 */
+#undef NIB_HALF
+    }
 }
 
 INLINE __m256 nib_sel(__m256i idx, __m256 tlo, __m256 thi)
