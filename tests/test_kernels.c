@@ -361,6 +361,24 @@ static void check_elementwise(const kern_ops *k)
         k->axpy(y2, x, 0.37f, n);
         CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)n) == 0, "%s axpy n=%d differs", k->name, n);
     }
+    /* axpy_rows against the scalar table's axpys one row at a time (lengths through one and two
+     * register blocks with tails, a row stride wider than the length) */
+    static const int lens[] = {1, 7, 64, 100, 128, 129, 200, 300};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        enum { ROWS = 9, LDX = 311 };
+        int len = lens[li];
+        float y1[300], y2[300], x[ROWS * LDX], a[ROWS];
+        for (int i = 0; i < len; i++)
+            y1[i] = y2[i] = (float)rng_normal(&r);
+        for (int i = 0; i < ROWS * LDX; i++)
+            x[i] = (float)rng_normal(&r);
+        for (int s = 0; s < ROWS; s++) {
+            a[s] = (float)rng_normal(&r);
+            kern_scalar.axpy(y1, x + s * LDX, a[s], len);
+        }
+        k->axpy_rows(y2, x, LDX, a, ROWS, len);
+        CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "%s axpy_rows len=%d differs", k->name, len);
+    }
     static const int dims[] = {16, 32, 64, 128, 24};
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         int d = dims[di];

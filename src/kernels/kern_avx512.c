@@ -222,6 +222,26 @@ static void avx512_axpy(float *y, const float *x, float a, int n)
     }
 }
 
+/* 128 columns at a time in eight zmm across all n rows (see avx2_axpy_rows) */
+static void avx512_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+{
+    int i = 0;
+    for (; i + 128 <= len; i += 128) {
+        __m512 acc[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) acc[k] = _mm512_loadu_ps(y + i + 16 * k);
+        for (int s = 0; s < n; s++) {
+            __m512 va = _mm512_set1_ps(a[s]);
+            const float *xs = x + (size_t)s * ldx + i;
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) acc[k] =
+                _mm512_fmadd_ps(va, _mm512_loadu_ps(xs + 16 * k), acc[k]);
+        }
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) _mm512_storeu_ps(y + i + 16 * k, acc[k]);
+    }
+    if (i < len)
+        for (int s = 0; s < n; s++)
+            avx512_axpy(y + i, x + (size_t)s * ldx + i, a[s], len - i);
+}
+
 static void avx512_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
                             float beta, float *o, float *u)
 {
@@ -262,6 +282,7 @@ static const kern_ops ops = {
     .dot = avx512_dot,
     .decode_rows = isa_decode_rows,
     .axpy = avx512_axpy,
+    .axpy_rows = avx512_axpy_rows,
     .kda_step = avx512_kda_step,
     .glu = isa_glu,
     .exp_sub = isa_exp_sub,

@@ -146,6 +146,12 @@ static void neon_axpy(float *y, const float *x, float a, int n)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
+static void neon_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+{
+    for (int s = 0; s < n; s++)
+        neon_axpy(y, x + (size_t)s * ldx, a[s], len);
+}
+
 /* The KDA step uses the reference loop: fmaf is one fused instruction on AArch64. */
 static const kern_ops ops = {
     .name = "neon",
@@ -153,6 +159,7 @@ static const kern_ops ops = {
     .dot = neon_dot,
     .decode_rows = neon_decode_rows,
     .axpy = neon_axpy,
+    .axpy_rows = neon_axpy_rows,
     .kda_step = kern_scalar_kda_step,
     .glu = kern_scalar_glu,
     .exp_sub = kern_scalar_exp_sub,

@@ -65,6 +65,12 @@ static void scalar_axpy(float *y, const float *x, float a, int n)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
+static void scalar_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+{
+    for (int s = 0; s < n; s++)
+        scalar_axpy(y, x + (size_t)s * ldx, a[s], len);
+}
+
 void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
                           float beta, float *o, float *u)
 {
@@ -112,6 +118,7 @@ const kern_ops kern_scalar = {
     .dot = scalar_dot,
     .decode_rows = scalar_decode_rows,
     .axpy = scalar_axpy,
+    .axpy_rows = scalar_axpy_rows,
     .kda_step = kern_scalar_kda_step,
     .glu = kern_scalar_glu,
     .exp_sub = kern_scalar_exp_sub,

@@ -37,7 +37,12 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
             for (int i = 0; i < hd; i++)
                 oh[i] = 0.0f;
             for (int s = 0; s < n; s++)
-                j->b->k->axpy(oh, blk_kv_row(j->st, s, W) + (size_t)(nkv + kvh) * hd, sc[s] / sum, hd);
+                sc[s] = sc[s] / sum;
+            /* the value rows in order, a KV chunk at a time (rows W apart inside a chunk) */
+            for (int s0 = 0; s0 < n; s0 += BLK_KV_CHUNK) {
+                int m = n - s0 < BLK_KV_CHUNK ? n - s0 : BLK_KV_CHUNK;
+                j->b->k->axpy_rows(oh, blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd, W, sc + s0, m, hd);
+            }
         }
     }
 }

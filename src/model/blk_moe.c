@@ -194,8 +194,7 @@ int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, floa
         float *rt = r + (size_t)t * D;
         for (int i = 0; i < D; i++)
             rt[i] = 0.0f;
-        for (int j = 0; j < K; j++)
-            b->k->axpy(rt, slots + ((size_t)t * K + j) * D, wt[(size_t)t * K + j], D);
+        b->k->axpy_rows(rt, slots + (size_t)t * K * D, (size_t)D, wt + (size_t)t * K, K, D);
     }
     if (hp->latent) {
         blk_rmsnorm(b, r, w->lat_norm, T, D, hp->rms_eps, r);
