@@ -361,6 +361,22 @@ static void check_elementwise(const kern_ops *k)
         k->axpy(y2, x, 0.37f, n);
         CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)n) == 0, "%s axpy n=%d differs", k->name, n);
     }
+    /* dot_rows against the scalar table's dots: runs of 8 and a remainder, lengths with and
+     * without a tail, a row stride wider than the length */
+    static const int dlens[] = {1, 7, 64, 100, 128, 200};
+    for (size_t li = 0; li < sizeof dlens / sizeof dlens[0]; li++) {
+        enum { DROWS = 19, DLDX = 203 };
+        int len = dlens[li];
+        float q[200], x[DROWS * DLDX], o1[DROWS], o2[DROWS];
+        for (int i = 0; i < len; i++)
+            q[i] = (float)rng_normal(&r);
+        for (int i = 0; i < DROWS * DLDX; i++)
+            x[i] = (float)rng_normal(&r);
+        for (int s = 0; s < DROWS; s++)
+            o1[s] = kern_scalar.dot(q, x + s * DLDX, len);
+        k->dot_rows(q, x, DLDX, DROWS, len, o2);
+        CHECKF(memcmp(o1, o2, sizeof o1) == 0, "%s dot_rows len=%d differs", k->name, len);
+    }
     /* axpy_rows against the scalar table's axpys one row at a time (lengths through one and two
      * register blocks with tails, a row stride wider than the length) */
     static const int lens[] = {1, 7, 64, 100, 128, 129, 200, 300};

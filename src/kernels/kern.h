@@ -47,6 +47,9 @@ typedef struct kern_ops {
                    float *scratch);
     /* seq64 dot product of two float32 vectors. */
     float (*dot)(const float *a, const float *b, int n);
+    /* out[s] = dot(a, x + s * ldx, n) for s < rows, each the seq64 dot above: attention's scores
+     * over a run of key rows (SIMD tables finish eight trees at once). */
+    void (*dot_rows)(const float *a, const float *x, size_t ldx, int rows, int n, float *out);
     /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
     void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
     /* y[i] = fma(a, x[i], y[i]) for i < n (element-wise: the same bits on every ISA). */

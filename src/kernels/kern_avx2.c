@@ -35,15 +35,21 @@ static void tab_init(void)
             mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
 }
 
-INLINE float reduce8(__m256 *r)
+/* the seq64 tree's steps h = 32, 16, 8 over r[0..7]: the 8 sums left */
+INLINE __m256 reduce8_v(__m256 *r)
 {
     UNROLL
     for (int k = 0; k < 4; k++) /* h = 32 */
         r[k] = _mm256_add_ps(r[k], r[k + 4]);
     r[0] = _mm256_add_ps(r[0], r[2]); /* h = 16 */
     r[1] = _mm256_add_ps(r[1], r[3]);
-    r[0] = _mm256_add_ps(r[0], r[1]); /* h = 8 */
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(r[0]), _mm256_extractf128_ps(r[0], 1)); /* h = 4 */
+    return _mm256_add_ps(r[0], r[1]); /* h = 8 */
+}
+
+INLINE float reduce8(__m256 *r)
+{
+    __m256 v = reduce8_v(r);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* h = 4 */
     __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                      /* h = 2 */
     __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                       /* h = 1 */
     return _mm_cvtss_f32(d);
@@ -67,9 +73,9 @@ static void tail_fma(const float *w, const float *x, int rem, __m256 *r)
     }
 }
 
-static float avx2_dot(const float *a, const float *b, int n)
+/* a dot's 64 partial sums in r[0..7] */
+INLINE void dot_sums(const float *a, const float *b, int n, __m256 *r)
 {
-    __m256 r[8];
     UNROLL
     for (int k = 0; k < 8; k++)
         r[k] = _mm256_setzero_ps();
@@ -80,7 +86,31 @@ static float avx2_dot(const float *a, const float *b, int n)
             r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), r[k]);
     if (i < n)
         tail_fma(a + i, b + i, n - i, r);
+}
+
+static float avx2_dot(const float *a, const float *b, int n)
+{
+    __m256 r[8];
+    dot_sums(a, b, n, r);
     return reduce8(r);
+}
+
+#include "kernels/kern_dot8.inc"
+
+static void avx2_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
+{
+    int s = 0;
+    for (; s + 8 <= rows; s += 8) {
+        __m256 v[8];
+        for (int j = 0; j < 8; j++) {
+            __m256 r[8];
+            dot_sums(a, x + (size_t)(s + j) * ldx, n, r);
+            v[j] = reduce8_v(r);
+        }
+        dot8_finish(v, out + s);
+    }
+    for (; s < rows; s++)
+        out[s] = avx2_dot(a, x + (size_t)s * ldx, n);
 }
 
 /* ---- plain formats: 8 elements per load ---- */
@@ -328,6 +358,7 @@ static const kern_ops ops = {
     .name = "avx2",
     .matmul = isa_matmul,
     .dot = avx2_dot,
+    .dot_rows = avx2_dot_rows,
     .decode_rows = isa_decode_rows,
     .axpy = avx2_axpy,
     .axpy_rows = avx2_axpy_rows,

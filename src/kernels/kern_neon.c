@@ -58,6 +58,12 @@ static float neon_dot(const float *a, const float *b, int n)
     return reduce16(r);
 }
 
+static void neon_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
+{
+    for (int s = 0; s < rows; s++)
+        out[s] = neon_dot(a, x + (size_t)s * ldx, n);
+}
+
 static void neon_decode_rows(const kmat *w, int r0, int r1, float *out)
 {
     for (int r = r0; r < r1; r++)
@@ -157,6 +163,7 @@ static const kern_ops ops = {
     .name = "neon",
     .matmul = neon_matmul,
     .dot = neon_dot,
+    .dot_rows = neon_dot_rows,
     .decode_rows = neon_decode_rows,
     .axpy = neon_axpy,
     .axpy_rows = neon_axpy_rows,

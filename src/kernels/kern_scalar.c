@@ -30,6 +30,12 @@ static float scalar_dot(const float *a, const float *b, int n)
     return kern_seq64_reduce(acc);
 }
 
+static void scalar_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
+{
+    for (int s = 0; s < rows; s++)
+        out[s] = scalar_dot(a, x + (size_t)s * ldx, n);
+}
+
 static void scalar_decode_rows(const kmat *w, int r0, int r1, float *out)
 {
     const wfmt_info *f = &wfmt_table[w->fmt];
@@ -116,6 +122,7 @@ const kern_ops kern_scalar = {
     .name = "scalar",
     .matmul = scalar_matmul,
     .dot = scalar_dot,
+    .dot_rows = scalar_dot_rows,
     .decode_rows = scalar_decode_rows,
     .axpy = scalar_axpy,
     .axpy_rows = scalar_axpy_rows,

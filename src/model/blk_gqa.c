@@ -26,8 +26,12 @@ static void gqa_heads(void *ctx, int h0, int h1, int tid)
             const float *qh = j->q + ((size_t)t * nh + h) * hd;
             int n = j->pos0 + t + 1;
             float mx = -INFINITY, sum = 0.0f;
+            for (int s0 = 0; s0 < n; s0 += BLK_KV_CHUNK) { /* rows W apart inside a KV chunk */
+                int m = n - s0 < BLK_KV_CHUNK ? n - s0 : BLK_KV_CHUNK;
+                j->b->k->dot_rows(qh, blk_kv_row(j->st, s0, W) + (size_t)kvh * hd, W, m, hd, sc + s0);
+            }
             for (int s = 0; s < n; s++) {
-                sc[s] = j->b->k->dot(qh, blk_kv_row(j->st, s, W) + (size_t)kvh * hd, hd) * hp->attn_scale;
+                sc[s] *= hp->attn_scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             j->b->k->exp_sub(sc, n, mx);
