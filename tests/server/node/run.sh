@@ -116,7 +116,7 @@ run_test() { # NAME TIMEOUT ARGS...: its check lines, its counts added to the to
 
 run_test openai.test.mjs 300 openai.test.mjs "$URL" "$KEY"
 rm -f "$BUILD/chat-page.png"
-run_test browser.test.mjs 180 browser.test.mjs "$URL" "$BUILD/chat-page.png" "$KEY"
+run_test browser.test.mjs 420 browser.test.mjs "$URL" "$BUILD/chat-page.png" "$KEY"
 
 if ! kill -0 "$SERVER" 2>/dev/null; then
     echo "FAIL node tests: the server died during the tests: $(tail_of "$LOG")"
