@@ -1,9 +1,10 @@
 /* kern_avx2.c — AVX2 + FMA + F16C kernels, bit-identical to kern_scalar.c.
  *
  * dot's 64 partial sums (seq64) live in eight ymm registers (lanes 8k..8k+7 in register k), and
- * a matrix output's 16 (seq16) in two; reduce8 and reduce16 are the kern.h trees step by step. Tails are decoded exactly by the scalar decoder and
- * added with blended FMAs (lanes past the end are left untouched). 4-bit codes use the nibble
- * lane order of kern.h and 8-entry vpermps tables: INT4 two of them (code bit 3 picks the table),
+ * a matrix output's 16 (seq16) in two; dot_v8 with kern_dot8.inc, and reduce16, are the kern.h
+ * trees step by step. Tails are decoded exactly by the scalar decoder and added with blended
+ * FMAs (lanes past the end are left untouched). 4-bit codes use the nibble lane order
+ * of kern.h and 8-entry vpermps tables: INT4 two of them (code bit 3 picks the table),
  * MXFP4 one of magnitudes with code bit 3 as the sign (nib_sel_sm), so -0 and every scale multiply
  * match the scalar decoder's bits. T > 1 decodes a block of rows once into scratch and reduces it
  * in 4-row x 3-token register tiles of half-sums (kern_matmul.inc).
@@ -35,26 +36,6 @@ static void tab_init(void)
             mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
 }
 
-/* the seq64 tree's steps h = 32, 16, 8 over r[0..7]: the 8 sums left */
-INLINE __m256 reduce8_v(__m256 *r)
-{
-    UNROLL
-    for (int k = 0; k < 4; k++) /* h = 32 */
-        r[k] = _mm256_add_ps(r[k], r[k + 4]);
-    r[0] = _mm256_add_ps(r[0], r[2]); /* h = 16 */
-    r[1] = _mm256_add_ps(r[1], r[3]);
-    return _mm256_add_ps(r[0], r[1]); /* h = 8 */
-}
-
-INLINE float reduce8(__m256 *r)
-{
-    __m256 v = reduce8_v(r);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* h = 4 */
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                      /* h = 2 */
-    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                       /* h = 1 */
-    return _mm_cvtss_f32(d);
-}
-
 INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 0..8 */
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -73,9 +54,11 @@ static void tail_fma(const float *w, const float *x, int rem, __m256 *r)
     }
 }
 
-/* a dot's 64 partial sums in r[0..7] */
-INLINE void dot_sums(const float *a, const float *b, int n, __m256 *r)
+/* A dot's 64 partial sums in r[0..7] and the seq64 tree's steps h = 32, 16, 8: the 8 sums that
+ * kern_dot8.inc finishes. */
+INLINE __m256 dot_v8(const float *a, const float *b, int n)
 {
+    __m256 r[8];
     UNROLL
     for (int k = 0; k < 8; k++)
         r[k] = _mm256_setzero_ps();
@@ -86,32 +69,15 @@ INLINE void dot_sums(const float *a, const float *b, int n, __m256 *r)
             r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), r[k]);
     if (i < n)
         tail_fma(a + i, b + i, n - i, r);
-}
-
-static float avx2_dot(const float *a, const float *b, int n)
-{
-    __m256 r[8];
-    dot_sums(a, b, n, r);
-    return reduce8(r);
+    UNROLL
+    for (int k = 0; k < 4; k++) /* h = 32 */
+        r[k] = _mm256_add_ps(r[k], r[k + 4]);
+    r[0] = _mm256_add_ps(r[0], r[2]); /* h = 16 */
+    r[1] = _mm256_add_ps(r[1], r[3]);
+    return _mm256_add_ps(r[0], r[1]); /* h = 8 */
 }
 
 #include "kernels/kern_dot8.inc"
-
-static void avx2_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
-{
-    int s = 0;
-    for (; s + 8 <= rows; s += 8) {
-        __m256 v[8];
-        for (int j = 0; j < 8; j++) {
-            __m256 r[8];
-            dot_sums(a, x + (size_t)(s + j) * ldx, n, r);
-            v[j] = reduce8_v(r);
-        }
-        dot8_finish(v, out + s);
-    }
-    for (; s < rows; s++)
-        out[s] = avx2_dot(a, x + (size_t)s * ldx, n);
-}
 
 /* ---- plain formats: 8 elements per load ---- */
 
@@ -357,8 +323,8 @@ static void avx2_kda_step(float *S, int d, const float *k, const float *v, const
 static const kern_ops ops = {
     .name = "avx2",
     .matmul = isa_matmul,
-    .dot = avx2_dot,
-    .dot_rows = avx2_dot_rows,
+    .dot = isa_dot,
+    .dot_rows = isa_dot_rows,
     .decode_rows = isa_decode_rows,
     .axpy = avx2_axpy,
     .axpy_rows = avx2_axpy_rows,

@@ -1,8 +1,8 @@
 /* kern_avx512.c — AVX-512 (F, BW, VL, DQ) kernels, bit-identical to kern_scalar.c.
  *
  * dot's 64 partial sums (seq64) live in four zmm registers z0..z3 (lanes 0-15, 16-31, 32-47,
- * 48-63) and a matrix output's 16 (seq16) in one; reduce4 and reduce16 are the kern.h trees step
- * by step. A dot's tail shorter than 64 is added with masked FMAs, so lanes past the end are
+ * 48-63) and a matrix output's 16 (seq16) in one; dot_v8 with kern_dot8.inc, and reduce16, are
+ * the kern.h trees step by step. A dot's tail shorter than 64 is added with masked FMAs, so lanes past the end are
  * left untouched.
  *
  * T = 1 (decode) runs fused decode + FMA, four rows at a time (four FMA chains, one activation
@@ -40,24 +40,6 @@ static void tab_init(void)
             mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
 }
 
-/* the seq64 tree's steps h = 32, 16, 8: the 8 sums left */
-INLINE __m256 reduce4_v(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
-{
-    z0 = _mm512_add_ps(z0, z2); /* h = 32 */
-    z1 = _mm512_add_ps(z1, z3);
-    z0 = _mm512_add_ps(z0, z1); /* h = 16 */
-    return _mm256_add_ps(_mm512_castps512_ps256(z0), _mm512_extractf32x8_ps(z0, 1)); /* h = 8 */
-}
-
-INLINE float reduce4(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
-{
-    __m256 a = reduce4_v(z0, z1, z2, z3);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));       /* h = 4 */
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                       /* h = 2 */
-    __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));                                        /* h = 1 */
-    return _mm_cvtss_f32(d);
-}
-
 /* Adds w[0..rem) x[0..rem) (rem < 64, already decoded and in lane order) to lanes 0..rem-1. */
 static void tail_fma(const float *w, const float *x, int rem, __m512 *z)
 {
@@ -70,9 +52,11 @@ static void tail_fma(const float *w, const float *x, int rem, __m512 *z)
     }
 }
 
-/* a dot's 64 partial sums in z[0..3] */
-INLINE void dot_sums(const float *a, const float *b, int n, __m512 *z)
+/* A dot's 64 partial sums in z[0..3] and the seq64 tree's steps h = 32, 16, 8: the 8 sums that
+ * kern_dot8.inc finishes. */
+INLINE __m256 dot_v8(const float *a, const float *b, int n)
 {
+    __m512 z[4];
     for (int k = 0; k < 4; k++)
         z[k] = _mm512_setzero_ps();
     int i = 0;
@@ -81,32 +65,13 @@ INLINE void dot_sums(const float *a, const float *b, int n, __m512 *z)
             z[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), z[k]);
     if (i < n)
         tail_fma(a + i, b + i, n - i, z);
-}
-
-static float avx512_dot(const float *a, const float *b, int n)
-{
-    __m512 z[4];
-    dot_sums(a, b, n, z);
-    return reduce4(z[0], z[1], z[2], z[3]);
+    z[0] = _mm512_add_ps(z[0], z[2]); /* h = 32 */
+    z[1] = _mm512_add_ps(z[1], z[3]);
+    z[0] = _mm512_add_ps(z[0], z[1]); /* h = 16 */
+    return _mm256_add_ps(_mm512_castps512_ps256(z[0]), _mm512_extractf32x8_ps(z[0], 1)); /* h = 8 */
 }
 
 #include "kernels/kern_dot8.inc"
-
-static void avx512_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
-{
-    int s = 0;
-    for (; s + 8 <= rows; s += 8) {
-        __m256 v[8];
-        for (int j = 0; j < 8; j++) {
-            __m512 z[4];
-            dot_sums(a, x + (size_t)(s + j) * ldx, n, z);
-            v[j] = reduce4_v(z[0], z[1], z[2], z[3]);
-        }
-        dot8_finish(v, out + s);
-    }
-    for (; s < rows; s++)
-        out[s] = avx512_dot(a, x + (size_t)s * ldx, n);
-}
 
 /* ---- plain formats: 16 elements per load ---- */
 
@@ -311,8 +276,8 @@ static void avx512_kda_step(float *S, int d, const float *k, const float *v, con
 static const kern_ops ops = {
     .name = "avx512",
     .matmul = isa_matmul,
-    .dot = avx512_dot,
-    .dot_rows = avx512_dot_rows,
+    .dot = isa_dot,
+    .dot_rows = isa_dot_rows,
     .decode_rows = isa_decode_rows,
     .axpy = avx512_axpy,
     .axpy_rows = avx512_axpy_rows,
