@@ -2,7 +2,7 @@
 # bench_peer_prefill.sh — prompt throughput of deltafin against llama.cpp's llama-bench on the
 # same BF16 weights (bench/peer_qwen3.py writes both files), alternated round by round.
 # usage: bench/bench_peer_prefill.sh LLAMA_BENCH ROUNDS THREADS DIR... > LOG
-#   LLAMA_BENCH: llama.cpp's llama-bench (built as ../shared/peer-builds.md says, in an ignored
+#   LLAMA_BENCH: llama.cpp's llama-bench (built as bench/results/engine.md says, in an ignored
 #   folder); THREADS: e.g. "1 2"; each DIR holds config.json, model.safetensors and model.gguf.
 # One line per run: "deltafin|llama.cpp DIR threads T pp512 TOK/S". Timing only; never a test.
 set -e

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """peer_qwen3.py: one random-weight Qwen3 checkpoint in two files with the same BF16 bytes, a
 Hugging Face folder (config.json, model.safetensors) that deltafin runs and a GGUF that llama.cpp
-runs (norm weights, all 1, as F32 there: llama.cpp's norms take no BF16), for the side-by-side prompt benchmark of bench/bench_peer_prefill.sh. Timing only: nothing
-here is part of a test.
+runs (norm weights, all 1, as F32 there: llama.cpp's norms take no BF16), for the side-by-side
+prompt benchmark of bench/bench_peer_prefill.sh. Timing only: nothing here is part of a test.
 
 usage: bench/peer_qwen3.py --shape 0.6b|1.7b|30b-a3b [--layers N] --gguf-py DIR --out DIR
 
---gguf-py is llama.cpp's bundled gguf-py (build it as ../shared/peer-builds.md says, in an ignored
+--gguf-py is llama.cpp's bundled gguf-py (build it as bench/results/engine.md says, in an ignored
 folder); it needs Debian's python3-numpy. Weights are drawn from one table of 2^20 normal values
 at random offsets (scale 0.02), so a multi-GB checkpoint is written at disk speed; norms are 1.
 """
