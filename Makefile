@@ -20,7 +20,7 @@ ifeq ($(shell $(CC) --version 2>/dev/null | grep -c clang),0)
 WARN    += -Wno-format-truncation
 endif
 BASEFLAGS := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) -ffp-contract=off -fno-math-errno -fno-strict-aliasing -Isrc -pthread $(SAN)
-LDLIBS  := -ljansson -lpcre2-8 -luring -lxxhash -lcrypto -lmicrohttpd -lm -lpthread
+LDLIBS  := -lcurl -ljansson -lpcre2-8 -luring -lxxhash -lcrypto -lmicrohttpd -lm -lpthread
 
 ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
@@ -28,7 +28,7 @@ FLAGS_kern_avx2   := -mavx2 -mfma -mf16c
 FLAGS_kern_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 endif
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/engine/drafters/*.c src/store/*.c src/tokenizer/*.c src/server/*.c))
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/engine/drafters/*.c src/hub/*.c src/store/*.c src/tokenizer/*.c src/server/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))

@@ -9,11 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# what the build links (jansson, PCRE2, liburing, xxhash, libcrypto) and what the tests use
+# what the build links (jansson, PCRE2, liburing, xxhash, libcrypto, libcurl) and what the tests use
 # (tar + xz for the bundled test data, python3 for the shared oracle checkers), libmicrohttpd for
 # `deltafin serve`, and what the server's tests drive it with: node + npm (the official openai
 # client, puppeteer-core) and chromium (the chat page in a real browser)
-PKGS="gcc make python3 tar xz-utils libjansson-dev libpcre2-dev libxxhash-dev liburing-dev libssl-dev libmicrohttpd-dev chromium"
+PKGS="gcc make python3 tar xz-utils libjansson-dev libpcre2-dev libxxhash-dev liburing-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev chromium"
 # node and npm from Debian, unless a node with its npm is already installed (nodesource's nodejs
 # carries npm and conflicts with Debian's npm package)
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
