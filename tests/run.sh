@@ -70,6 +70,11 @@ fi
 suite "server http" python3 tests/server/http_test.py "$bin" "$store"
 suite "server node" tests/server/node/run.sh "$build" "$bin"
 
+# the test hub (tests/hub/testhub.py) from raw HTTP, and the official @huggingface/hub npm client
+# against it: what proves the test hub speaks the real hub's protocol
+suite "testhub" python3 tests/hub/testhub_selftest.py
+suite "hub node" tests/hub/node/run.sh "$build"
+
 shared=../shared/oracle
 if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then
   if r=$(python3 "$shared/check.py" "$build/deltafin" "$shared/cases" 2>&1); then
