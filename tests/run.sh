@@ -11,6 +11,11 @@ fail=0
 
 ./tests/testdata.sh "$build" || { echo "FAIL test data: could not lay out $build/testdata"; echo "0 passed, 1 failed"; exit 1; }
 export DF_TEST_DATA="$build/testdata"
+# run/serve/eval without --model use a K3 that `deltafin setup` installed under the model root:
+# the suite runs with an empty one, whatever this machine has installed
+case $build in /*) DELTAFIN_HOME=$build/no-model-root ;; *) DELTAFIN_HOME=$PWD/$build/no-model-root ;; esac
+export DELTAFIN_HOME
+unset HF_TOKEN HF_ENDPOINT HF_HUB_OFFLINE
 
 out=$("$build/test_runner" 2>&1)
 status=$?
@@ -74,6 +79,8 @@ suite "server node" tests/server/node/run.sh "$build" "$bin"
 # against it: what proves the test hub speaks the real hub's protocol
 suite "testhub" python3 tests/hub/testhub_selftest.py
 suite "hub node" tests/hub/node/run.sh "$build"
+# `deltafin setup` and `setup-qwen` end to end against the test hub on loopback, with faults
+suite "setup" python3 tests/hub/setup_test.py "$bin" "$build"
 
 shared=../shared/oracle
 if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then

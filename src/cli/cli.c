@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include "base/args.h"
+#include "base/file.h"
+#include "base/jsonr.h"
+#include "store/dfsp.h"
 
 int cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
 {
@@ -97,4 +100,60 @@ int cli_usage(const char *cmd, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "deltafin %s: %s (see deltafin %s --help)\n", cmd, msg, cmd);
     return 2;
+}
+
+int cli_model_root(const char *opt, char *out, size_t cap, errbuf *err)
+{
+    const char *home = getenv("HOME"), *dh = getenv("DELTAFIN_HOME");
+    int n;
+    if (opt && *opt)
+        n = snprintf(out, cap, "%s", opt);
+    else if (dh && *dh)
+        n = snprintf(out, cap, "%s", dh);
+    else if (home && *home)
+        n = snprintf(out, cap, "%s/.deltafin", home);
+    else
+        return errbuf_set(err, "no model root: give --model-root, or set DELTAFIN_HOME or HOME");
+    if (n < 0 || (size_t)n >= cap)
+        return errbuf_set(err, "the model root's path is too long");
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = 0;
+    return 0;
+}
+
+void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap)
+{
+    if (o->model)
+        return;
+    char root[4096], path[4200];
+    errbuf err;
+    const char *store = NULL, *repo = "?", *commit = "?";
+    json_t *inst = NULL;
+    if (cli_model_root(NULL, root, sizeof root, &err) == 0) {
+        snprintf(path, sizeof path, "%s/install.json", root);
+        json_t *k3;
+        if (file_exists(path) && (inst = jsonr_load_file(path, &err)) && (k3 = json_object_get(inst, "k3")) &&
+            jsonr_str(k3, "store", &store, 0, path, &err) == 0) {
+            jsonr_str(k3, "repo", &repo, 1, path, &err);
+            jsonr_str(k3, "commit", &commit, 1, path, &err);
+            if (!dfsp_is_store(store)) {
+                fprintf(stderr, "deltafin %s: %s names the K3 store %s, which has no manifest (rerun deltafin setup)\n",
+                        cmd, path, store);
+                store = NULL;
+            }
+        } else if (file_exists(path)) {
+            fprintf(stderr, "deltafin %s: %s: %s\n", cmd, path, inst ? "no installed K3 in it" : err.msg);
+            store = NULL;
+        }
+    }
+    if (store) {
+        snprintf(buf, cap, "%s", store);
+        o->model = buf;
+        fprintf(stderr, "deltafin %s: running the installed Kimi K3: %s (%s@%.12s)\n", cmd, buf, repo, commit);
+    } else if (engine_default_model(buf, cap, &err) == 0) {
+        o->model = buf;
+        fprintf(stderr, "deltafin %s: running the bundled default model: %s (no K3 installed; see deltafin setup)\n",
+                cmd, buf);
+    } /* else engine_open reports the missing bundled model */
+    json_decref(inst);
 }

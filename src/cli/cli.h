@@ -26,6 +26,13 @@ int cli_engine_opt(const char *cmd, int argc, char **argv, int *i, engine_opts *
 /* The same for the drafting options (draft_opts_parse). */
 int cli_draft_opt(const char *cmd, int argc, char **argv, int *i, draft_opts *o);
 
+/* The model root: `opt` (--model-root) when given, else $DELTAFIN_HOME, else ~/.deltafin. */
+int cli_model_root(const char *opt, char *out, size_t cap, errbuf *err);
+/* For run, eval and serve without --model: the K3 `deltafin setup` installed under the model root
+ * (its install.json), else the bundled default model. Sets o->model (into buf) and says on stderr
+ * which one runs. */
+void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap);
+
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */
 
@@ -37,5 +44,7 @@ int cmd_doctor(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_setup(int argc, char **argv);
+int cmd_setup_qwen(int argc, char **argv);
 
 #endif

@@ -8,7 +8,7 @@ static const char *HELP =
     "usage: deltafin serve [model options] [drafting options] [serve options]\n"
     "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, /v1/completions,\n"
     "/tokenize, /detokenize; GET /v1/models, /health, /metrics, and a chat page at /.\n"
-    "Without --model the bundled default model is served. Stop with Ctrl-C (SIGINT) or SIGTERM.\n";
+    "Without --model the K3 that `deltafin setup` installed is served, else the bundled default model. Stop with Ctrl-C (SIGINT) or SIGTERM.\n";
 
 int cmd_serve(int argc, char **argv)
 {
@@ -31,6 +31,8 @@ int cmd_serve(int argc, char **argv)
             return cli_usage(cmd, "unknown option '%s'", argv[i]);
     }
     errbuf err;
+    char model_buf[4096];
+    cli_model_pick(cmd, &o.eng, model_buf, sizeof model_buf);
     if (server_run(&o, stdout, &err) != 0)
         return cli_fail(cmd, &err);
     return 0;

@@ -19,13 +19,15 @@ static const struct {
     {.name = "bench", .fn = cmd_bench, .help = "bench io: the weight store's streaming rate without compute"},
     {.name = "tokenize", .fn = cmd_tokenize, .help = "text or chat messages to token ids, and ids back to text"},
     {.name = "serve", .fn = cmd_serve, .help = "an OpenAI-compatible HTTP server with a chat page (docs/SERVER.md)"},
+    {.name = "setup", .fn = cmd_setup, .help = "download Kimi K3 from the Hugging Face hub and prepare its store (docs/INSTALL.md)"},
+    {.name = "setup-qwen", .fn = cmd_setup_qwen, .help = "download the Qwen3 0.6B and 1.7B Base drafters"},
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: deltafin COMMAND [options]   (deltafin COMMAND --help for its options)\n\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].help);
+        fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
 }
 
 int main(int argc, char **argv)
