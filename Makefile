@@ -44,8 +44,21 @@ all: deltafin
 deltafin: $(BUILD)/deltafin
 	cp $< $@.tmp && mv -f $@.tmp $@
 
+# $(BUILD)/build-options records the options the binary was linked with, one VAR=value a line
+# (`deltafin upgrade` rebuilds with exactly these); replaced atomically, and only when they change.
+define BUILD_OPTIONS
+CC=$(CC)
+OPT=$(OPT)
+CFLAGS=$(CFLAGS)
+SAN=$(SAN)
+BUILD=$(BUILD)
+endef
+
 $(BUILD)/deltafin: $(LIB_OBJ) $(CLI_OBJ)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(file >$(BUILD)/build-options.tmp,$(BUILD_OPTIONS))
+	$(Q)cmp -s $(BUILD)/build-options.tmp $(BUILD)/build-options && rm -f $(BUILD)/build-options.tmp \
+	  || mv -f $(BUILD)/build-options.tmp $(BUILD)/build-options
 
 # The test binary counts allocations (tests/test_alloc.c) by wrapping the allocator at link time.
 TEST_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=posix_memalign,--wrap=aligned_alloc

@@ -81,6 +81,8 @@ suite "testhub" python3 tests/hub/testhub_selftest.py
 suite "hub node" tests/hub/node/run.sh "$build"
 # `deltafin setup` and `setup-qwen` end to end against the test hub on loopback, with faults
 suite "setup" python3 tests/hub/setup_test.py "$bin" "$build"
+# `deltafin upgrade` against a local bare git upstream
+suite "upgrade" tests/upgrade/upgrade_test.sh "$bin"
 
 shared=../shared/oracle
 if [ -d "$shared/cases" ] && command -v python3 >/dev/null; then

@@ -44,6 +44,7 @@ int cmd_doctor(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_upgrade(int argc, char **argv);
 int cmd_setup(int argc, char **argv);
 int cmd_setup_qwen(int argc, char **argv);
 

@@ -21,6 +21,7 @@ static const struct {
     {.name = "serve", .fn = cmd_serve, .help = "an OpenAI-compatible HTTP server with a chat page (docs/SERVER.md)"},
     {.name = "setup", .fn = cmd_setup, .help = "download Kimi K3 from the Hugging Face hub and prepare its store (docs/INSTALL.md)"},
     {.name = "setup-qwen", .fn = cmd_setup_qwen, .help = "download the Qwen3 0.6B and 1.7B Base drafters"},
+    {.name = "upgrade", .fn = cmd_upgrade, .help = "git pull --ff-only the source checkout and rebuild it"},
 };
 
 static void usage(FILE *f)

@@ -170,8 +170,8 @@ int dfsp_manifest_parse(const json_t *man, const char *where, dfsp_manifest *m, 
     int64_t ver = uint_at(json_object_get(man, "version"), 1000);
     int64_t drives = uint_at(json_object_get(man, "drives"), IO_MAX_DRIVES);
     int64_t mirrors = uint_at(json_object_get(man, "mirrors"), STORE_MAX_COPIES);
-    if (!fmt || strcmp(fmt, "dfsp") != 0 || ver != 1)
-        return errbuf_set(err, "%s: not a DFSP version 1 manifest", where);
+    if (!fmt || strcmp(fmt, "dfsp") != 0 || ver != DFSP_VERSION)
+        return errbuf_set(err, "%s: not a DFSP version %d manifest", where, DFSP_VERSION);
     if (!is_hex(id, 64) || drives < 1 || mirrors < 1 || mirrors > drives || !json_is_array(packs) ||
         json_array_size(packs) < 1 || json_array_size(packs) > STORE_MAX_PACKS || !json_is_array(blobs))
         return errbuf_set(err, "%s: needs identity (sha256 hex), drives (1..%d), mirrors (1..drives), packs (1..%d) "
@@ -358,9 +358,9 @@ static json_t *manifest_json(const blob_table *t, const model *m, const plan *p,
                                                "layer", x->layer, "expert", x->expert, "size", (json_int_t)x->size,
                                                "xxh3", h, "copies", copies, "tensors", ts));
     }
-    json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:o, s:o}", "format", "dfsp", "version", 1, "identity",
-                            identity, "source", hf_dir, "drives", p->ndrives, "mirrors", p->mirrors, "packs", packs,
-                            "blobs", blobs);
+    json_t *man = json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:o, s:o}", "format", "dfsp", "version", DFSP_VERSION,
+                            "identity", identity, "source", hf_dir, "drives", p->ndrives, "mirrors", p->mirrors,
+                            "packs", packs, "blobs", blobs);
     if (man && p->spine_int8)
         json_object_set_new(man, "spine", json_string("int8"));
     return man;

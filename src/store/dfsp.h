@@ -30,7 +30,9 @@
 #include "store/blobs.h"
 #include "store/io.h"
 
-enum { STORE_MAX_PACKS = IO_MAX_DRIVES, DFSP_STOPPED = -2 };
+/* DFSP_VERSION: the manifest "version" this build writes and the only one it opens (a change to
+ * the format bumps it and adds a migration to cli_upgrade.c's table). */
+enum { STORE_MAX_PACKS = IO_MAX_DRIVES, DFSP_STOPPED = -2, DFSP_VERSION = 1 };
 
 typedef struct dfsp_prepare_opts {
     const char *const *drives; /* drive folders (NULL/0: the store folder itself) */
