@@ -587,7 +587,7 @@ TEST(store_spine_streams_from_the_cli)
     errbuf err;
     char *dst = dir_in_tmp("spine-cli");
     CHECKF(prepare("models/default", dst, 2, 1, &err) == 0, "%s", err.msg);
-    snprintf(cmd, sizeof cmd, "%s run --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
+    snprintf(cmd, sizeof cmd, "%s run --model models/default --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
     CHECK(tu_run(cmd, resident, sizeof resident) == 0);
     resident[strcspn(resident, "\n")] = 0;
     const char *models[2] = {dst, "models/default"}, *pf[2] = {"on", "off"};
@@ -810,7 +810,7 @@ TEST(store_cli_options)
     CHECKF(prepare("models/default", dst, 2, 2, &err) == 0, "%s", err.msg);
     /* the run command with streaming and stats, vs resident: same ids */
     char resident[8192], streamed[8192];
-    snprintf(cmd, sizeof cmd, "%s run --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
+    snprintf(cmd, sizeof cmd, "%s run --model models/default --tokens 5,6,7 --max-new 12 --print-ids", tu_bin());
     CHECK(tu_run(cmd, resident, sizeof resident) == 0);
     snprintf(cmd, sizeof cmd,
              "%s run --model %s --tokens 5,6,7 --max-new 12 --print-ids --ram-budget 10M --emulate-drives "

@@ -125,7 +125,7 @@ void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap)
 {
     if (o->model)
         return;
-    char root[4096], path[4200];
+    char root[4096] = "?", path[4200];
     errbuf err;
     const char *store = NULL, *repo = "?", *commit = "?";
     json_t *inst = NULL;
@@ -149,11 +149,11 @@ void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap)
     if (store) {
         snprintf(buf, cap, "%s", store);
         o->model = buf;
-        fprintf(stderr, "deltafin %s: running the installed Kimi K3: %s (%s@%.12s)\n", cmd, buf, repo, commit);
+        fprintf(stderr, "model: the installed Kimi K3, %s (%s@%.12s)\n", buf, repo, commit);
     } else if (engine_default_model(buf, cap, &err) == 0) {
         o->model = buf;
-        fprintf(stderr, "deltafin %s: running the bundled default model: %s (no K3 installed; see deltafin setup)\n",
-                cmd, buf);
+        fprintf(stderr, "model: the bundled default model, %s (no K3 installed in %s; see deltafin setup)\n", buf,
+                root);
     } /* else engine_open reports the missing bundled model */
     json_decref(inst);
 }

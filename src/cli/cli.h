@@ -30,7 +30,7 @@ int cli_draft_opt(const char *cmd, int argc, char **argv, int *i, draft_opts *o)
 int cli_model_root(const char *opt, char *out, size_t cap, errbuf *err);
 /* For run, eval and serve without --model: the K3 `deltafin setup` installed under the model root
  * (its install.json), else the bundled default model. Sets o->model (into buf) and says on stderr
- * which one runs. */
+ * which one runs, in a line "model: ..." (not an error's "deltafin CMD: ..."). */
 void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap);
 
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */

@@ -140,7 +140,7 @@ if r.returncode:
 def eval_installed(root, what, **kw):
     out = os.path.join(work, "installed.f32")
     r = deltafin(["eval", "--tokens", ",".join(map(str, ids)), "--logits-out", out], root, **kw)
-    if not check(r.returncode == 0 and "running the installed Kimi K3" in r.stderr,
+    if not check(r.returncode == 0 and "model: the installed Kimi K3" in r.stderr,
                  f"{what}: eval without --model runs the installed K3 and says so", r.stderr.strip()[-300:]):
         return
     check(same_bytes(out, ref_logits), f"{what}: its logits are the bundled model's, bit for bit (memcmp)")
