@@ -49,3 +49,4 @@ fi
 make -j"$(nproc)"
 echo "setup: built ./deltafin; running the bundled default model (a 21.3M-parameter mini-K3, see README)"
 ./deltafin run --prompt "def fibonacci(n):" --max-new 48 --stats
+echo "setup: to install Kimi K3 itself (1.56 TB from the Hugging Face hub): ./deltafin setup --full --dry-run, then without --dry-run; see docs/INSTALL.md"

@@ -7,8 +7,10 @@
  *       ^                                                        |
  *       +---- a redirect (at once), a retry (after a backoff) ---+--> fatal: the whole call fails
  *
- * A job's part file always holds exactly `have` bytes and `md` has hashed exactly those, so a
- * retry resumes at `have` (Range: bytes=have-); an answer that cannot continue them (a 200 to a
+ * A job has taken `have` bytes of its file, all hashed into `md`: the part file holds the first
+ * have - wlen of them and its write buffer the last wlen (flushed when full and whenever a transfer
+ * ends, so between transfers the part holds exactly `have`). A retry resumes at `have`
+ * (Range: bytes=have-); an answer that cannot continue them (a 200 to a
  * Range, a Content-Range at another offset, more bytes than the file has) restarts the part at 0.
  * Redirects are followed by hand so that Authorization is sent only to the endpoint's host; every
  * attempt starts again from the resolve URL (a CDN's signed URL may have expired).
@@ -34,6 +36,7 @@
 #define HUB_MAX_REDIRECTS 10
 #define HUB_URL_MAX 8192
 #define HUB_PATH_MAX 4096
+#define HUB_WBUF (4u << 20)
 
 struct hub {
     hub_opts o;
@@ -236,6 +239,7 @@ static struct curl_slist *easy_setup(hub *h, CURL *c, const char *url, int auth,
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, a);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
     return hd;
 }
 
@@ -652,7 +656,10 @@ typedef struct job {
     char final[HUB_PATH_MAX], part[HUB_PATH_MAX + 16];
     char url[HUB_URL_MAX];
     int fd;
-    uint64_t have;        /* bytes in the part file, all hashed into md */
+    uint64_t have;        /* bytes taken, all hashed into md: the part's, then wbuf's */
+    unsigned char *wbuf;  /* [HUB_WBUF] bytes not yet written (a write per 16 KiB answer chunk
+                             cost more than the hash) */
+    size_t wlen;
     EVP_MD_CTX *md;
     int state, attempts, redirects, auth;
     double not_before;
@@ -666,9 +673,21 @@ typedef struct job {
 
 static int job_truncate(job *j)
 {
+    j->wlen = 0;
     if (ftruncate(j->fd, 0) || md_start(j->md, j->f))
         return -1;
     j->have = 0;
+    return 0;
+}
+
+/* Writes the buffered bytes to the part file; sets write_errno on failure. */
+static int job_flush(job *j)
+{
+    if (j->wlen && file_pwrite_full(j->fd, j->wbuf, j->wlen, j->have - j->wlen)) {
+        j->write_errno = errno ? errno : EIO;
+        return -1;
+    }
+    j->wlen = 0;
     return 0;
 }
 
@@ -699,9 +718,16 @@ static size_t on_body(char *buf, size_t size, size_t n, void *user)
         j->restart = 1;
         return 0;
     }
-    if (file_pwrite_full(j->fd, buf, len, j->have)) {
-        j->write_errno = errno ? errno : EIO;
+    if (j->wlen + len > HUB_WBUF && job_flush(j))
         return 0;
+    if (len > HUB_WBUF) { /* never, with curl's buffer sizes; but then straight to the file */
+        if (file_pwrite_full(j->fd, buf, len, j->have)) {
+            j->write_errno = errno ? errno : EIO;
+            return 0;
+        }
+    } else {
+        memcpy(j->wbuf + j->wlen, buf, len);
+        j->wlen += len;
     }
     if (!EVP_DigestUpdate(j->md, buf, len)) {
         j->write_errno = ENOMEM;
@@ -745,6 +771,7 @@ static int job_open(job *j, errbuf *err)
         return errbuf_errno(err, j->part);
     if (!(j->md = EVP_MD_CTX_new()) || md_start(j->md, j->f))
         return errbuf_set(err, "libcrypto: cannot start a hash");
+
     j->have = (uint64_t)sb.st_size;
     if (j->have > j->f->size && job_truncate(j))
         return errbuf_errno(err, j->part);
@@ -764,6 +791,8 @@ static int job_start(job *j, errbuf *err)
     }
     answer_reset(&j->a);
     j->restart = 0;
+    if (!j->wbuf && !(j->wbuf = malloc(HUB_WBUF))) /* only while it runs: 4 MiB x files in flight */
+        return errbuf_set(err, "%s: out of memory", j->part);
     if (!j->easy && !(j->easy = curl_easy_init()))
         return errbuf_set(err, "libcurl: cannot create a handle");
     curl_easy_reset(j->easy);
@@ -812,6 +841,8 @@ static int job_finish(job *j, errbuf *err)
     }
     j->state = JOB_DONE;
     j->st->files_fetched++;
+    free(j->wbuf);
+    j->wbuf = NULL;
     return 1;
 }
 
@@ -821,6 +852,7 @@ static int job_done(job *j, CURLcode cc, errbuf *err)
     hub *h = j->h;
     curl_multi_remove_handle(h->multi, j->easy);
     const char *what = j->final;
+    job_flush(j);
     if (j->write_errno) {
         errno = j->write_errno;
         errbuf_errno(err, j->part);
@@ -887,6 +919,7 @@ static void job_free(job *j)
     if (j->fd >= 0)
         close(j->fd);
     EVP_MD_CTX_free(j->md);
+    free(j->wbuf);
 }
 
 static void fmt_bytes(double b, char *out, size_t cap)
@@ -996,9 +1029,20 @@ int hub_download(hub *h, const hub_repo *r, const int *which, int n, const char 
             }
         if (rc)
             break;
-        double wait_ms = (next - timer_now()) * 1000;
-        curl_multi_poll(h->multi, NULL, 0, running ? (wait_ms < 100 ? (wait_ms < 1 ? 1 : (int)wait_ms) : 100)
-                                                   : (int)(wait_ms < 1 ? 1 : wait_ms > 1000 ? 1000 : wait_ms), NULL);
+        /* a redirect or a retry due now starts at once, not after the poll's timeout */
+        now = timer_now();
+        int due = 0, in_flight = 0;
+        for (int i = 0; i < n; i++) {
+            due |= jobs[i].state == JOB_WAIT && jobs[i].not_before <= now;
+            in_flight += jobs[i].state == JOB_RUN;
+            if (jobs[i].state == JOB_WAIT && jobs[i].not_before > now && jobs[i].not_before < next)
+                next = jobs[i].not_before;
+        }
+        if (due && in_flight < h->o.parallel)
+            continue;
+        /* sockets wake the poll; the timeout is for the next retry due (and curl's own timers) */
+        double wait_ms = (next - now) * 1000, cap = in_flight ? 100 : 1000;
+        curl_multi_poll(h->multi, NULL, 0, (int)(wait_ms < 1 ? 1 : wait_ms > cap ? cap : wait_ms), NULL);
         if (tty && timer_now() - last_p > 0.25) {
             progress_line(r, jobs, n, total, t0, &rate, &last_b, &last_t, 0);
             last_p = timer_now();
