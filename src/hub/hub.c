@@ -43,6 +43,7 @@ struct hub {
     char endpoint[1024]; /* without a trailing slash */
     char host[256];      /* the endpoint's host: the only one that gets Authorization */
     CURLM *multi;
+    CURL *ranges; /* hub_range_get's handle, kept so that its connections are reused */
 };
 
 void hub_opts_default(hub_opts *o)
@@ -276,6 +277,8 @@ void hub_free(hub *h)
     if (!h)
         return;
     curl_multi_cleanup(h->multi);
+    if (h->ranges)
+        curl_easy_cleanup(h->ranges);
     free(h);
     curl_global_cleanup();
 }
@@ -567,6 +570,121 @@ int hub_repo_resolve(hub *h, const char *repo, const char *rev, hub_repo *out, e
     if (rc == 0)
         rc = hub_repo_parse(m.p ? m.p : "", m.n, repo, out, err);
     free(m.p);
+    return rc;
+}
+
+/* ---- a byte range of a file, blocking ---- */
+
+typedef struct window {
+    answer *a;
+    uint64_t off, len; /* wanted: [off, off + len) of the file */
+    uint64_t pos;      /* the file offset of the next body byte */
+    uint64_t got;      /* bytes of the window filled */
+    unsigned char *buf;
+    int bad;           /* a 206 at another offset */
+} window;
+
+static size_t on_window(char *p, size_t size, size_t n, void *user)
+{
+    window *w = user;
+    size_t len = size * n;
+    long s = w->a->status;
+    if (s >= 300 && s < 400)
+        return len;
+    if (s != 200 && s != 206) {
+        answer_keep_body(w->a, p, len);
+        return len;
+    }
+    if (!w->a->body_started) {
+        w->a->body_started = 1;
+        w->pos = s == 206 ? (w->a->has_range ? w->a->range_start : UINT64_MAX) : 0;
+        if (s == 206 && w->pos != w->off) {
+            w->bad = 1;
+            return 0;
+        }
+    }
+    /* copy what falls inside the window; stop once it is full */
+    uint64_t a = w->pos, b = w->pos + len, lo = w->off > a ? w->off : a, hi = w->off + w->len < b ? w->off + w->len : b;
+    if (lo < hi) {
+        memcpy(w->buf + (lo - w->off), p + (lo - a), (size_t)(hi - lo));
+        w->got += hi - lo;
+    }
+    w->pos = b;
+    /* a 200 carries the whole file: once the window is full the rest is not read (0 aborts it);
+     * a 206 ends by itself, keeping its connection for the next range */
+    return w->got == w->len && s == 200 ? 0 : len;
+}
+
+int hub_range_get(hub *h, const char *repo, const char *commit, const char *path, uint64_t off, uint64_t len, void *buf,
+                  errbuf *err)
+{
+    char what[2048], start[HUB_URL_MAX], url[HUB_URL_MAX], host[256], range[64];
+    snprintf(what, sizeof what, "%s@%.12s: %s bytes %llu-%llu", repo, commit, path, (unsigned long long)off,
+             (unsigned long long)(off + len - 1));
+    if (h->o.offline)
+        return errbuf_set(err, "%s: not fetched yet, and HF_HUB_OFFLINE is set", what);
+    if (len == 0)
+        return 0;
+    if (url_resolve(h, repo, commit, path, start, sizeof start))
+        return errbuf_set(err, "%s: URL too long", what);
+    if (!h->ranges && !(h->ranges = curl_easy_init()))
+        return errbuf_set(err, "libcurl: cannot create a handle");
+    CURL *c = h->ranges;
+    answer a;
+    window w = {.a = &a, .off = off, .len = len, .buf = buf};
+    snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
+    int rc = -1;
+    for (int attempt = 0;; attempt++) {
+        snprintf(url, sizeof url, "%s", start);
+        int auth = 1, redirects = 0;
+        CURLcode cc;
+        for (;;) {
+            answer_reset(&a);
+            w.got = 0;
+            w.bad = 0;
+            curl_easy_reset(c);
+            struct curl_slist *hd = easy_setup(h, c, url, auth, &a);
+            curl_easy_setopt(c, CURLOPT_RANGE, range);
+            curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_window);
+            curl_easy_setopt(c, CURLOPT_WRITEDATA, &w);
+            cc = curl_easy_perform(c);
+            curl_slist_free_all(hd);
+            char *loc = NULL;
+            if (cc == CURLE_OK && a.status >= 300 && a.status < 400 &&
+                curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc) {
+                if (++redirects > HUB_MAX_REDIRECTS) {
+                    errbuf_set(err, "%s: more than %d redirects", what, HUB_MAX_REDIRECTS);
+                    goto done;
+                }
+                snprintf(url, sizeof url, "%s", loc);
+                url_host(url, host, sizeof host);
+                auth = auth && !strcmp(host, h->host);
+                continue;
+            }
+            break;
+        }
+        if (w.got == len && (a.status == 200 || a.status == 206)) { /* a full window (a 200 cut short) */
+            rc = 0;
+            goto done;
+        }
+        int retry = w.bad || (cc == CURLE_OK && (a.status == 200 || a.status == 206)) /* short */ ||
+                    (cc == CURLE_OK && status_retryable(a.status)) || (cc != CURLE_OK && curl_retryable(cc));
+        if (cc == CURLE_OK && !retry) {
+            answer_fail(&a, what, h->endpoint, err);
+            goto done;
+        }
+        if (!retry || attempt >= attempts_for(h, cc)) {
+            if (cc != CURLE_OK && cc != CURLE_WRITE_ERROR)
+                errbuf_set(err, "%s: %s (%s)", what, curl_easy_strerror(cc), h->endpoint);
+            else
+                errbuf_set(err, "%s: %llu of %llu bytes (HTTP %ld)", what, (unsigned long long)w.got,
+                           (unsigned long long)len, a.status);
+            errbuf_prefix(err, "gave up after %d attempts", attempt + 1);
+            goto done;
+        }
+        usleep((useconds_t)(backoff(h, attempt + 1, a.retry_after) * 1e6));
+    }
+done:
     return rc;
 }
 
@@ -1031,13 +1149,16 @@ int hub_download(hub *h, const hub_repo *r, const int *which, int n, const char 
             break;
         /* a redirect or a retry due now starts at once, not after the poll's timeout */
         now = timer_now();
-        int due = 0, in_flight = 0;
+        int due = 0, in_flight = 0, unfinished = 0;
         for (int i = 0; i < n; i++) {
             due |= jobs[i].state == JOB_WAIT && jobs[i].not_before <= now;
             in_flight += jobs[i].state == JOB_RUN;
+            unfinished += jobs[i].state != JOB_DONE;
             if (jobs[i].state == JOB_WAIT && jobs[i].not_before > now && jobs[i].not_before < next)
                 next = jobs[i].not_before;
         }
+        if (!unfinished)
+            break;
         if (due && in_flight < h->o.parallel)
             continue;
         /* sockets wake the poll; the timeout is for the next retry due (and curl's own timers) */

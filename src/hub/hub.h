@@ -88,6 +88,12 @@ const hub_file *hub_repo_file(const hub_repo *r, const char *path);
 int hub_download(hub *h, const hub_repo *r, const int *which, int n, const char *dir, hub_stats *st,
                  errbuf *err);
 
+/* Reads bytes [off, off + len) of repo@commit's file path into buf (blocking): a Range request,
+ * with the download's redirects, Authorization rule and retries; an answer of 200 (the Range
+ * ignored) is read through to the window. Used to stream experts on demand (setup --stream). */
+int hub_range_get(hub *h, const char *repo, const char *commit, const char *path, uint64_t off, uint64_t len, void *buf,
+                  errbuf *err);
+
 /* Checks dir/PATH of every file of r against r's size and hash, offline. Returns 0 when all are
  * present and right; otherwise -1 with err naming the first that is not. */
 int hub_verify(const hub_repo *r, const char *dir, errbuf *err);

@@ -253,6 +253,8 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
             return unissue(s, k, 0);
         return 0;
     }
+    if (s->cfg.fetch && s->cfg.fetch->fetch(s->cfg.fetch->ctx, b, err) != 0)
+        return unissue(s, k, 0); /* not on the drive, and it could not be fetched */
     sl->reads_left = x->nparts; /* Hugging Face folder: tensor by tensor */
     sl->copy = -1;
     for (int i = 0; i < x->nparts; i++) {
@@ -317,6 +319,22 @@ static void landed(store *s, int k, int ok)
         else
             s->verified[b] |= (uint8_t)(1u << sl->copy);
     }
+    uint64_t want;
+    if (!sl->bad && s->cfg.verify && x->ncopies == 0 && s->cfg.fetch && !(s->verified[b] & 1) &&
+        s->cfg.fetch->sum(s->cfg.fetch->ctx, b, &want)) { /* a streamed blob: the sum of its fetch */
+        XXH3_state_t *h = XXH3_createState();
+        XXH3_64bits_reset(h);
+        for (int i = 0; i < x->nparts; i++) {
+            const blob_part *pt = &s->bt.part[x->first_part + i];
+            XXH3_64bits_update(h, slot_mem(s, k) + pt->off, pt->len);
+        }
+        sl->got = XXH3_64bits_digest(h);
+        XXH3_freeState(h);
+        if (sl->got != want)
+            sl->bad = BAD_SUM;
+        else
+            s->verified[b] |= 1;
+    }
     if ((sl->bad == BAD_READ || sl->bad == BAD_SUM) && sl->copy >= 0) {
         s->bad_copy[b] |= (uint8_t)(1u << sl->copy);
         if (!all_copies_bad(s, b))
@@ -341,7 +359,11 @@ static int bad_report(const store *s, int k, errbuf *err)
     const slot *sl = &s->sl[k];
     char nm[1200];
     name_of(s, sl->blob, sl->copy, nm, sizeof nm);
-    if (sl->bad == BAD_SUM)
+    uint64_t fetched = 0;
+    if (sl->bad == BAD_SUM && sl->copy < 0 && s->cfg.fetch && s->cfg.fetch->sum(s->cfg.fetch->ctx, sl->blob, &fetched))
+        errbuf_set(err, "%s failed its checksum (xxh3 %016llx, %016llx when it was fetched)", nm,
+                   (unsigned long long)sl->got, (unsigned long long)fetched);
+    else if (sl->bad == BAD_SUM)
         errbuf_set(err, "%s failed its checksum (xxh3 %016llx, manifest %016llx)", nm, (unsigned long long)sl->got,
                    (unsigned long long)s->bt.b[sl->blob].xxh3);
     else if (sl->bad == BAD_QUEUE)
@@ -718,6 +740,8 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
         int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + ids[i]];
         if (b < 0 || s->blob_slot[b] >= 0)
             continue;
+        if (s->cfg.fetch && !s->cfg.fetch->present(s->cfg.fetch->ctx, b))
+            continue; /* a guess never fetches from the hub */
         if (io_pending(s->io) >= io_total_depth(s->io) * 2)
             return; /* keep demand reads first in line */
         int v = victim(s, 1);

@@ -62,6 +62,19 @@ typedef struct store_plan {
 int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p,
                     errbuf *err);
 
+/* Where the bytes of a Hugging Face source's blobs come from when they may not be on the drive
+ * yet (an install that streams its experts from the hub): fetch makes blob b's parts present in
+ * the model's safetensors files (blocking) before they are read; present says whether they are,
+ * without fetching (a prefetch guess never fetches); sum gives the xxh3 recorded when b was fetched,
+ * of its parts' bytes in order, which the first read of b into a slot in each run is checked
+ * against. */
+typedef struct store_fetcher {
+    void *ctx;
+    int (*fetch)(void *ctx, int b, errbuf *err);
+    int (*present)(void *ctx, int b);
+    int (*sum)(void *ctx, int b, uint64_t *xxh3); /* 1: recorded */
+} store_fetcher;
+
 typedef struct store_cfg {
     uint64_t ram_budget; /* bytes for weights: resident spine, spine slots and the expert cache */
     int prefetch;        /* router lookahead reads, and streamed spines read ahead */
@@ -69,6 +82,8 @@ typedef struct store_cfg {
     int verify;          /* xxh3 of DFSP blobs on first load */
     io_cfg io;
     const char *heat_path; /* routing counts kept across runs (NULL: none) */
+    const store_fetcher *fetch; /* a Hugging Face source whose blobs may not be fetched yet (NULL:
+                                   every byte is on the drive) */
 } store_cfg;
 
 typedef struct store_stats {
