@@ -11,6 +11,7 @@
 #include "base/args.h"
 #include "base/file.h"
 #include "base/jsonr.h"
+#include "engine/stream.h"
 #include "store/dfsp.h"
 
 int cli_opt(int argc, char **argv, int *i, const char *name, const char **val)
@@ -121,10 +122,16 @@ int cli_model_root(const char *opt, char *out, size_t cap, errbuf *err)
     return 0;
 }
 
-void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap)
+void cli_model_pick(const char *cmd, engine_opts *o, cli_model *pick)
 {
+    hub_opts_default(&pick->hub);
+    hub_opts_from_env(&pick->hub);
+    pick->hub.progress = 0;
+    o->hub = &pick->hub;
     if (o->model)
         return;
+    char *buf = pick->dir;
+    size_t cap = sizeof pick->dir;
     char root[4096] = "?", path[4200];
     errbuf err;
     const char *store = NULL, *repo = "?", *commit = "?";
@@ -133,11 +140,12 @@ void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap)
         snprintf(path, sizeof path, "%s/install.json", root);
         json_t *k3;
         if (file_exists(path) && (inst = jsonr_load_file(path, &err)) && (k3 = json_object_get(inst, "k3")) &&
-            jsonr_str(k3, "store", &store, 0, path, &err) == 0) {
+            (jsonr_str(k3, "store", &store, 1, path, &err) == 0 && jsonr_str(k3, "stream", &store, 1, path, &err) == 0) &&
+            store) {
             jsonr_str(k3, "repo", &repo, 1, path, &err);
             jsonr_str(k3, "commit", &commit, 1, path, &err);
-            if (!dfsp_is_store(store)) {
-                fprintf(stderr, "deltafin %s: %s names the K3 store %s, which has no manifest (rerun deltafin setup)\n",
+            if (!dfsp_is_store(store) && !stream_is_install(store)) {
+                fprintf(stderr, "deltafin %s: %s names the K3 install %s, which is not there (rerun deltafin setup)\n",
                         cmd, path, store);
                 store = NULL;
             }

@@ -10,6 +10,7 @@
 #include "base/err.h"
 #include "engine/draft.h"
 #include "engine/engine.h"
+#include "hub/hub.h"
 
 /* Matches argv[*i] against "--name value" or "--name=value" (base/args.h). Returns 1 and sets
  * *val (advancing *i past a separate value), 0 if it is another option, -1 if the value is missing. */
@@ -28,10 +29,15 @@ int cli_draft_opt(const char *cmd, int argc, char **argv, int *i, draft_opts *o)
 
 /* The model root: `opt` (--model-root) when given, else $DELTAFIN_HOME, else ~/.deltafin. */
 int cli_model_root(const char *opt, char *out, size_t cap, errbuf *err);
-/* For run, eval and serve without --model: the K3 `deltafin setup` installed under the model root
- * (its install.json), else the bundled default model. Sets o->model (into buf) and says on stderr
- * which one runs, in a line "model: ..." (not an error's "deltafin CMD: ..."). */
-void cli_model_pick(const char *cmd, engine_opts *o, char *buf, size_t cap);
+/* For run, eval and serve: without --model, the K3 `deltafin setup` installed under the model root
+ * (its install.json), else the bundled default model, said on stderr in a line "model: ..." (not
+ * an error's "deltafin CMD: ..."); and the hub a streamed install fetches experts from (HF_ENDPOINT,
+ * HF_TOKEN, HF_HUB_OFFLINE). Sets o->model and o->hub to what *pick holds, which must outlive o. */
+typedef struct cli_model {
+    char dir[4096];
+    hub_opts hub;
+} cli_model;
+void cli_model_pick(const char *cmd, engine_opts *o, cli_model *pick);
 
 int cli_fail(const char *cmd, const errbuf *err); /* prints, returns 1 */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* returns 2 */

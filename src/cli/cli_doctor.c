@@ -18,6 +18,7 @@
 #include "base/rng.h"
 #include "base/timer.h"
 #include "cli/cli.h"
+#include "engine/stream.h"
 #include "store/io.h"
 #include "store/store.h"
 
@@ -346,6 +347,13 @@ int cmd_doctor(int argc, char **argv)
         if (engine_open(&eo, &e, &err) != 0)
             return cli_fail(cmd, &err);
         int rc = dfsp && engine_store(e) ? store_verify_all(engine_store(e), &err) : 0;
+        if (rc == 0 && engine_stream(e) && (rc = stream_check(engine_stream(e), &err)) == 0) {
+            stream_counts sc; /* setup --stream: what is on the drive matches what was fetched */
+            stream_counts_get(engine_stream(e), &sc);
+            printf("%s: %d of %d experts on the drive, each matching the checksum of its fetch; %d of them "
+                   "unverified (their shard not yet fetched whole and hashed); %d of %d shards verified\n",
+                   model, sc.experts_present, sc.experts, sc.experts_unverified, sc.shards_verified, sc.shards);
+        }
         if (rc == 0)
             rc = model_scan_finite(engine_model(e), &err);
         engine_free(e);

@@ -61,8 +61,8 @@ int cmd_eval(int argc, char **argv)
     session *s = NULL;
     float *logits = NULL;
     double t0 = timer_now();
-    char model_buf[4096];
-    cli_model_pick(cmd, &eo, model_buf, sizeof model_buf);
+    cli_model pick;
+    cli_model_pick(cmd, &eo, &pick);
     if (engine_open(&eo, &e, &err) != 0) {
         free(ids);
         return cli_fail(cmd, &err);

@@ -186,8 +186,8 @@ int cmd_run(int argc, char **argv)
     int nd = 0;
     memset(&sm, 0, sizeof sm);
     memset(&ts, 0, sizeof ts);
-    char model_buf[4096];
-    cli_model_pick(cmd, &eo, model_buf, sizeof model_buf);
+    cli_model pick;
+    cli_model_pick(cmd, &eo, &pick);
     if (engine_open(&eo, &e, &err) != 0)
         return cli_fail(cmd, &err);
     double t_load = timer_now() - t0;

@@ -31,8 +31,8 @@ int cmd_serve(int argc, char **argv)
             return cli_usage(cmd, "unknown option '%s'", argv[i]);
     }
     errbuf err;
-    char model_buf[4096];
-    cli_model_pick(cmd, &o.eng, model_buf, sizeof model_buf);
+    cli_model pick;
+    cli_model_pick(cmd, &o.eng, &pick);
     if (server_run(&o, stdout, &err) != 0)
         return cli_fail(cmd, &err);
     return 0;

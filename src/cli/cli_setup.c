@@ -16,6 +16,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,9 @@
 #include "base/file.h"
 #include "base/jsonr.h"
 #include "cli/cli.h"
+#include "engine/stream.h"
 #include "hub/hub.h"
+#include "model/model.h"
 #include "store/dfsp.h"
 #include "store/store.h"
 
@@ -47,15 +50,19 @@ static const struct qwen_release {
 static const char *HELP =
     "usage: deltafin setup --full [--model-root DIR] [--drives DIR,...] [--mirrors N] [--include-qwen]\n"
     "                      [--revision REV] [--parallel N] [--keep-download] [--dry-run]\n"
+    "       deltafin setup --stream [--model-root DIR] [--revision REV] [--prefetch-hot N] [--dry-run]\n"
     "       deltafin setup --check [--model-root DIR]\n"
     "       deltafin setup-qwen [--model-root DIR] [--parallel N] [--dry-run]\n"
     "--full downloads Kimi K3 (" K3_REPO ") and its DSpark drafter (" DSPARK_REPO ") from the\n"
     "Hugging Face hub, verifies every file's sha256, and prepares a DFSP store over the drives; run\n"
     "and serve without --model then use it. Resumable: rerun after any interruption. --dry-run prints\n"
-    "the plan (what, how big, where, the free space) and changes nothing. --check verifies an install\n"
-    "offline. setup-qwen installs the Qwen3 0.6B and 1.7B Base drafters. The model root defaults to\n"
-    "$DELTAFIN_HOME, else ~/.deltafin. The hub is $HF_ENDPOINT (https://huggingface.co), with\n"
-    "$HF_TOKEN for gated repos; HF_HUB_OFFLINE=1 uses only what is already downloaded.\n"
+    "the plan (what, how big, where, the free space) and changes nothing.\n"
+    "--stream installs config, tokenizer, spine and DSpark only (about 115 GB for K3); each routed\n"
+    "expert is fetched by HTTP Range the first time it is used and kept on the drive (--prefetch-hot\n"
+    "N fetches the N most routed so far now). --check verifies an install offline. setup-qwen installs\n"
+    "the Qwen3 0.6B and 1.7B Base drafters. The model root defaults to $DELTAFIN_HOME, else\n"
+    "~/.deltafin. The hub is $HF_ENDPOINT (https://huggingface.co), with $HF_TOKEN for gated repos;\n"
+    "HF_HUB_OFFLINE=1 uses only what is already downloaded.\n"
     "See docs/INSTALL.md.\n";
 
 typedef struct setup_ctx {
@@ -97,6 +104,18 @@ static int mkdir_p(const char *dir, errbuf *err)
         }
     }
     return 0;
+}
+
+/* Creates the folders above path. */
+static int mkdirs_of(const char *path, errbuf *err)
+{
+    char d[4096];
+    snprintf(d, sizeof d, "%s", path);
+    char *sl = strrchr(d, '/');
+    if (!sl)
+        return 0;
+    *sl = 0;
+    return mkdir_p(d, err);
 }
 
 /* Files setup leaves on the hub: the model card and pictures are not part of a model. */
@@ -510,8 +529,210 @@ done:
     return rc;
 }
 
+/* ---- --stream: config, tokenizer, spine and DSpark now, each expert when it is first routed ---- */
+
+/* dir/NAME as a sparse file of the shard's size holding its safetensors header (fetched by two
+ * Range requests), written as a temp file and renamed: a shard present is a shard whose header is. */
+static int stream_shard_header(setup_ctx *c, const hub_repo *r, const hub_file *f, const char *dir, errbuf *err)
+{
+    char path[8192], tmp[8300];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, f->path);
+    if (stat(path, &sb) == 0 && (uint64_t)sb.st_size == f->size)
+        return 0;
+    unsigned char le[8];
+    if (f->size < 8 || hub_range_get(c->h, r->name, r->commit, f->path, 0, 8, le, err))
+        return f->size < 8 ? errbuf_set(err, "%s: %llu bytes is no safetensors file", f->path, (unsigned long long)f->size)
+                           : -1;
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | le[k];
+    if (n > (100u << 20) || 8 + n > f->size)
+        return errbuf_set(err, "%s@%.12s: %s: a header of %llu bytes in a file of %llu", r->name, r->commit, f->path,
+                          (unsigned long long)n, (unsigned long long)f->size);
+    unsigned char *hdr = malloc((size_t)n + 8);
+    if (!hdr)
+        return errbuf_set(err, "out of memory");
+    memcpy(hdr, le, 8);
+    int rc = hub_range_get(c->h, r->name, r->commit, f->path, 8, n, hdr + 8, err);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = rc ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!rc && (fd < 0 || ftruncate(fd, (off_t)f->size) || file_pwrite_full(fd, hdr, (size_t)n + 8, 0) || fsync(fd)))
+        rc = errbuf_errno(err, tmp);
+    if (fd >= 0)
+        close(fd);
+    if (!rc && (mkdirs_of(path, err) || rename(tmp, path)))
+        rc = errbuf_errno(err, path);
+    if (rc)
+        unlink(tmp);
+    free(hdr);
+    return rc;
+}
+
+/* The N experts routed most often so far (dir/heat.bin, the store's routing counts; experts never
+ * routed, or all of them before any run, count 0 and follow in layer order), fetched now. */
+static int stream_prefetch_hot(stream *st, const blob_table *bt, const char *dir, long n, errbuf *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/heat.bin", dir);
+    int64_t *heat = malloc(sizeof *heat * ((size_t)bt->n + 1));
+    uint32_t *counts = malloc(4 * ((size_t)bt->n + 1)), nb = 0;
+    if (!heat || !counts) {
+        free(heat);
+        free(counts);
+        return errbuf_set(err, "out of memory");
+    }
+    FILE *f = fopen(path, "rb");
+    int got = f && fread(&nb, 4, 1, f) == 1 && nb == (uint32_t)bt->n && fread(counts, 4, nb, f) == nb;
+    if (f)
+        fclose(f);
+    for (int b = 0; b < bt->n; b++) /* -1: not a candidate */
+        heat[b] = bt->b[b].kind == BLOB_EXPERT && !stream_present(st, b) ? (got ? (int64_t)counts[b] : 0) : -1;
+    free(counts);
+    int done = 0, rc = 0;
+    for (; done < n && rc == 0; done++) {
+        int best = -1;
+        for (int b = 0; b < bt->n; b++)
+            if (heat[b] >= 0 && (best < 0 || heat[b] > heat[best]))
+                best = b;
+        if (best < 0)
+            break;
+        heat[best] = -1;
+        rc = stream_fetch(st, best, err);
+    }
+    free(heat);
+    if (rc == 0)
+        printf("setup --stream: fetched the %d hottest experts not yet on the drive (%s)\n", done,
+               got ? "by the routing counts of earlier runs" : "no runs yet: in layer order");
+    return rc;
+}
+
+static int setup_stream(setup_ctx *c, long prefetch_hot, errbuf *err)
+{
+    hub_repo k3 = {0}, ds = {0};
+    int *wd = NULL, *small = NULL, nd, ns = 0, rc = -1;
+    uint64_t bd, small_bytes = 0, shard_bytes = 0;
+    char dir[4200], dsdir[4200], link[4300];
+    model m;
+    blob_table bt;
+    int have_model = 0, have_bt = 0;
+    stream *st = NULL;
+    json_t *inst = NULL;
+    memset(&m, 0, sizeof m);
+    memset(&bt, 0, sizeof bt);
+    if (repo_get(c, K3_REPO, c->revision, c->revision != NULL, &k3, err) ||
+        repo_get(c, DSPARK_REPO, DSPARK_REV, 0, &ds, err))
+        goto done;
+    snprintf(dir, sizeof dir, "%s/k3-stream", c->root);
+    snprintf(dsdir, sizeof dsdir, "%s/k3-dspark", c->root);
+    wd = malloc(sizeof(int) * (size_t)(ds.n_files + 1));
+    small = malloc(sizeof(int) * (size_t)(k3.n_files + 1));
+    if (!wd || !small) {
+        errbuf_set(err, "setup: out of memory");
+        goto done;
+    }
+    nd = wanted(&ds, wd, &bd);
+    int nshards = 0;
+    for (int i = 0; i < k3.n_files; i++) {
+        const char *p = k3.files[i].path;
+        if (!file_wanted(p))
+            continue;
+        if (!fnmatch("*.safetensors", p, 0)) {
+            nshards++;
+            shard_bytes += k3.files[i].size;
+        } else {
+            small[ns++] = i;
+            small_bytes += k3.files[i].size;
+        }
+    }
+    if (c->dry_run) {
+        char a[32], b[32], d[32];
+        gb(small_bytes, a, sizeof a);
+        gb(shard_bytes, b, sizeof b);
+        gb(bd, d, sizeof d);
+        printf("setup --stream: plan for %s\n", c->root);
+        printf("  %s@%s: %d small files (%s) now, then each of %d shards' header and spine; the experts (at most "
+               "%s in all) as the router first asks for them, into %s\n",
+               K3_REPO, k3.commit, ns, a, nshards, b, dir);
+        printf("  %s@%s: %d files, %s, into %s\n", DSPARK_REPO, ds.commit, nd, d, dsdir);
+        space sp = {.n = 0};
+        if (space_add(&sp, dir, small_bytes + bd, err) == 0)
+            space_check(&sp, 1, err);
+        rc = 0;
+        goto done;
+    }
+    if (fetch(c, &ds, wd, nd, dsdir, err) || fetch(c, &k3, small, ns, dir, err))
+        goto done;
+    for (int i = 0; i < k3.n_files; i++)
+        if (file_wanted(k3.files[i].path) && !fnmatch("*.safetensors", k3.files[i].path, 0) &&
+            stream_shard_header(c, &k3, &k3.files[i], dir, err))
+            goto done;
+    if (stream_json_write(dir, &k3, err) || model_load(&m, dir, err))
+        goto done;
+    have_model = 1;
+    if (blob_table_build(&bt, &m, err))
+        goto done;
+    have_bt = 1;
+    if (stream_open(&st, dir, &m, &bt, c->h, err))
+        goto done;
+    /* the spine: every blob that is not a routed expert, after a check that it fits */
+    uint64_t spine_missing = 0;
+    for (int b = 0; b < bt.n; b++)
+        if (bt.b[b].kind != BLOB_EXPERT && !stream_present(st, b))
+            spine_missing += bt.b[b].size;
+    space sp = {.n = 0};
+    if (space_add(&sp, dir, spine_missing, err) || space_check(&sp, 0, err))
+        goto done;
+    for (int b = 0; b < bt.n; b++)
+        if (bt.b[b].kind != BLOB_EXPERT && stream_fetch(st, b, err))
+            goto done;
+    stream_counts sc;
+    stream_counts_get(st, &sc);
+    char a[32];
+    gb(sc.bytes_fetched, a, sizeof a);
+    printf("setup --stream: %s: config, tokenizer and the spine of %d shards are on the drive (%s fetched now); %d of "
+           "%d experts so far\n",
+           dir, nshards, a, sc.experts_present, sc.experts);
+    if (prefetch_hot > 0 && stream_prefetch_hot(st, &bt, dir, prefetch_hot, err))
+        goto done;
+    /* run finds its drafters beside the model: DIR-dspark */
+    snprintf(link, sizeof link, "%s-dspark", dir);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", link, (int)getpid());
+    unlink(tmp);
+    if (symlink("k3-dspark", tmp) || rename(tmp, link)) {
+        unlink(tmp);
+        errbuf_errno(err, link);
+        goto done;
+    }
+    if (install_load(c, &inst, err))
+        goto done;
+    json_object_set_new(inst, "k3", install_entry(&k3, "stream", dir));
+    json_object_set_new(inst, "dspark", install_entry(&ds, "dir", dsdir));
+    if (install_save(c, inst, err))
+        goto done;
+    printf("setup: installed %s@%.12s to stream in %s; `deltafin run` and `deltafin serve` without --model use it, "
+           "fetching each expert the first time it is routed\n",
+           K3_REPO, k3.commit, c->root);
+    rc = 0;
+done:
+    json_decref(inst);
+    stream_free(st);
+    if (have_bt)
+        blob_table_free(&bt);
+    if (have_model)
+        model_free(&m);
+    hub_repo_free(&k3);
+    hub_repo_free(&ds);
+    free(wd);
+    free(small);
+    return rc;
+}
+
 /* ---- --check: every installed part against what was recorded, offline ---- */
 
+/* store_copy: dir is a store or a streamed install, which keep the model's small files (their
+ * tensors are checked blob by blob): only the files it has are checked, and never a shard. */
 static int check_dir(setup_ctx *c, const json_t *e, const char *key, int store_copy, int *bad)
 {
     const char *repo, *dir;
@@ -535,7 +756,8 @@ static int check_dir(setup_ctx *c, const json_t *e, const char *key, int store_c
     for (int i = 0; i < r.n_files; i++) {
         char p[8192];
         snprintf(p, sizeof p, "%s/%s", dir, r.files[i].path);
-        if (file_wanted(r.files[i].path) && (!store_copy || file_exists(p)))
+        if (file_wanted(r.files[i].path) &&
+            (!store_copy || (file_exists(p) && fnmatch("*.safetensors", r.files[i].path, 0))))
             r.files[keep++] = r.files[i];
         else
             free(r.files[i].path);
@@ -561,7 +783,30 @@ static int setup_check(setup_ctx *c, errbuf *err)
     if (install_load(c, &inst, err))
         return -1;
     int bad = 0;
-    if ((e = json_object_get(inst, "k3"))) {
+    if ((e = json_object_get(inst, "k3")) && json_object_get(e, "stream")) {
+        const char *dir = NULL;
+        errbuf e2;
+        engine *en = NULL;
+        engine_opts eo;
+        engine_opts_default(&eo); /* no hub: offline */
+        check_dir(c, e, "stream", 1, &bad);
+        if (jsonr_str(e, "stream", &dir, 0, path, &e2) == 0) {
+            eo.model = dir;
+            eo.threads = 1;
+            eo.min_cache = 1;
+        }
+        stream_counts sc;
+        if (!dir || engine_open(&eo, &en, &e2) || !engine_stream(en) || stream_check(engine_stream(en), &e2)) {
+            printf("FAIL K3 stream %s: %s\n", dir ? dir : "?", en && !engine_stream(en) ? "not a streamed install" : e2.msg);
+            bad++;
+        } else {
+            stream_counts_get(engine_stream(en), &sc);
+            printf("ok   K3 stream %s: %d of %d experts on the drive match their fetch, %d of them unverified (their "
+                   "shard not yet whole); %d of %d shards verified against the hub's sha256\n",
+                   dir, sc.experts_present, sc.experts, sc.experts_unverified, sc.shards_verified, sc.shards);
+        }
+        engine_free(en);
+    } else if ((e = json_object_get(inst, "k3"))) {
         const char *store = NULL;
         check_dir(c, e, "store", 1, &bad);
         errbuf e2;
@@ -594,7 +839,7 @@ static int setup_main(int argc, char **argv, int qwen_only)
 {
     const char *cmd = qwen_only ? "setup-qwen" : "setup", *v, *root_opt = NULL, *drives = NULL;
     int full = 0, stream = 0, check = 0, include_qwen = 0;
-    long mirrors = 1, parallel = 4;
+    long mirrors = 1, parallel = 4, prefetch_hot = 0;
     setup_ctx c = {.cmd = cmd, .mirrors = 1};
     for (int i = 1; i < argc; i++) {
         int r = 0;
@@ -622,6 +867,9 @@ static int setup_main(int argc, char **argv, int qwen_only)
         } else if (!qwen_only && (r = cli_opt(argc, argv, &i, "--mirrors", &v))) {
             if (r > 0 && cli_long(cmd, "--mirrors", v, 1, STORE_MAX_COPIES, &mirrors))
                 return 2;
+        } else if (!qwen_only && (r = cli_opt(argc, argv, &i, "--prefetch-hot", &v))) {
+            if (r > 0 && cli_long(cmd, "--prefetch-hot", v, 0, 100000000, &prefetch_hot))
+                return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--parallel", &v))) {
             if (r > 0 && cli_long(cmd, "--parallel", v, 1, 64, &parallel))
                 return 2;
@@ -633,11 +881,10 @@ static int setup_main(int argc, char **argv, int qwen_only)
     }
     if (!qwen_only && full + stream + check != 1)
         return cli_usage(cmd, "give one of --full, --stream or --check");
-    if (stream) {
-        fprintf(stderr, "deltafin %s: --stream (experts fetched on demand) is not in this build yet; use --full "
-                        "(docs/INSTALL.md)\n", cmd);
-        return 2;
-    }
+    if (stream && (drives || include_qwen || mirrors > 1))
+        return cli_usage(cmd, "--stream keeps the model in the model root: no --drives, --mirrors or --include-qwen");
+    if (prefetch_hot && !stream)
+        return cli_usage(cmd, "--prefetch-hot goes with --stream");
     errbuf err;
     if (cli_model_root(root_opt, c.root, sizeof c.root, &err))
         return cli_fail(cmd, &err);
@@ -671,7 +918,7 @@ static int setup_main(int argc, char **argv, int qwen_only)
             snprintf(c.root, sizeof c.root, "%s", abs);
         if (hub_init(&c.h, &c.ho, &err))
             return cli_fail(cmd, &err);
-        rc = qwen_only ? setup_qwen(&c, &err) : setup_full(&c, include_qwen, &err);
+        rc = qwen_only ? setup_qwen(&c, &err) : stream ? setup_stream(&c, prefetch_hot, &err) : setup_full(&c, include_qwen, &err);
         hub_free(c.h);
     }
     if (rc == DFSP_STOPPED) {

@@ -13,6 +13,8 @@
 #include "base/file.h"
 #include "base/timer.h"
 #include "engine/engine_int.h"
+#include "engine/stream.h"
+#include "hub/hub.h"
 #include "store/store.h"
 
 int engine_enter(engine *e, errbuf *err)
@@ -84,7 +86,9 @@ static int open_store(engine *e, const engine_opts *o, const char *model_dir, bl
                       errbuf *err)
 {
     uint64_t budget = 0, ram = store_physical_ram();
-    int stream = o->ram_budget > 0 || o->min_cache || (ram && bt->spine_bytes + bt->expert_bytes > ram / 10 * 8);
+    /* a streamed install always streams: its experts may not be on the drive yet */
+    int stream = o->ram_budget > 0 || o->min_cache || e->stream ||
+                 (ram && bt->spine_bytes + bt->expert_bytes > ram / 10 * 8);
     if (o->min_cache)
         budget = bt->spine_bytes + 2 * blob_padded(bt->max_expert);
     else if (o->ram_budget)
@@ -104,10 +108,12 @@ static int open_store(engine *e, const engine_opts *o, const char *model_dir, bl
     if (o->emulate && io_parse_emulation(&sc.io, o->emulate, err) != 0)
         return -1;
     char heat[4200];
-    if (e->dfsp) {
+    if (e->dfsp || e->stream) {
         snprintf(heat, sizeof heat, "%s/heat.bin", model_dir);
         sc.heat_path = heat;
     }
+    if (e->stream)
+        sc.fetch = stream_fetcher(e->stream);
     if (store_open(&e->store, &e->own, bt, e->dfsp ? info : NULL, &sc, err) != 0)
         return -1;
     e->xs = store_weights(e->store);
@@ -229,8 +235,16 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
         if (model_load(&e->own, model_dir, err) != 0)
             goto fail;
         blob_table bt;
-        if (blob_table_build(&bt, &e->own, err) != 0 || open_store(e, o, model_dir, &bt, NULL, err) != 0) {
+        int bad = blob_table_build(&bt, &e->own, err) != 0;
+        if (!bad && stream_is_install(model_dir)) { /* setup --stream: experts come from the hub */
+            bad = (o->hub && hub_init(&e->hub, o->hub, err) != 0) ||
+                  stream_open(&e->stream, model_dir, &e->own, &bt, e->hub, err) != 0;
+        }
+        if (bad || open_store(e, o, model_dir, &bt, NULL, err) != 0) {
             blob_table_free(&bt);
+            store_free(e->store);
+            stream_free(e->stream);
+            hub_free(e->hub);
             model_free(&e->own);
             goto fail;
         }
@@ -280,6 +294,8 @@ void engine_free(engine *e)
                     "copy; `deltafin doctor --model %s` names the bad copies\n",
                     (unsigned long long)st.copy_failures, e->m->dir);
         store_free(e->store);
+        stream_free(e->stream);
+        hub_free(e->hub);
         model_free(&e->own);
     }
     tok_free(e->tk);
@@ -294,6 +310,7 @@ const char *engine_model_dir(const engine *e) { return e->m->dir; }
 const char *engine_kernels(const engine *e) { return e->k->name; }
 int engine_threads(const engine *e) { return pool_size(e->pool); }
 struct store *engine_store(engine *e) { return e->store; }
+struct stream *engine_stream(engine *e) { return e->stream; }
 
 const tok *engine_tok(engine *e, errbuf *err)
 {

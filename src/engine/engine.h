@@ -41,6 +41,7 @@
 typedef struct engine engine;
 typedef struct session session;
 struct store;
+struct hub_opts;
 
 /* ---- opening a model ---- */
 
@@ -58,6 +59,8 @@ typedef struct engine_opts {
     int min_cache;         /* stream with the least cache: the spine and two experts */
     int threads;           /* 0: every CPU this process may run on */
     const char *kernels;   /* "auto" (or NULL), "scalar", "avx2", "avx512", "neon" */
+    const struct hub_opts *hub; /* where a streamed install (setup --stream) fetches the experts it
+                              does not hold yet; NULL: offline (such an expert is an error) */
     engine *pool_of;       /* run on this engine's threads (a drafter model beside its target: one
                               set of threads, never two spinning against each other); NULL: own */
 } engine_opts;
@@ -71,6 +74,9 @@ int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err
 extern const char ENGINE_OPTS_HELP[];
 
 int engine_open(const engine_opts *o, engine **out, errbuf *err);
+/* A streamed install's fetch layer (engine/stream.h: counts, fetching ahead), NULL for any other
+ * model. */
+struct stream *engine_stream(engine *e);
 /* The bundled default model's folder (models/default beside the binary, or in the working
  * folder), for engine_open without --model. */
 int engine_default_model(char *out, size_t cap, errbuf *err);

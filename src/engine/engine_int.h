@@ -40,6 +40,8 @@ struct engine {
     model own;              /* the model engine_open loaded (unused by engine_wrap) */
     const model *m;
     struct store *store;    /* NULL: every weight resident */
+    struct stream *stream;  /* a streamed install's fetch layer (stream.h), NULL otherwise */
+    struct hub *hub;        /* the hub it fetches from, NULL: offline */
     const weight_src *xs;   /* the store's weight source, NULL with it */
     int own_parts;          /* 1: m and store belong to the engine */
     pool *pool;

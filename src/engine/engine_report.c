@@ -4,6 +4,7 @@
 
 #include "base/timer.h"
 #include "engine/engine_int.h"
+#include "engine/stream.h"
 #include "store/store.h"
 
 /* " (Q of doctor's D GB/s) (P of the C GB/s doctor read the store's pack at)": drive d's read rate
@@ -37,6 +38,16 @@ void engine_report(engine *e, FILE *f, int tokens, double seconds)
     if (!e->store) {
         fprintf(f, "[stats] weights: all resident (mapped)%s\n", spine);
         return;
+    }
+    if (e->stream) {
+        stream_counts c;
+        char h[32];
+        stream_counts_get(e->stream, &c);
+        fprintf(f,
+                "[stats] streamed from the hub: %d of %d experts on the drive, %d of them unverified (their shard "
+                "not yet hashed whole; %d of %d shards verified); %d fetched by this run (%s in %.3f s)\n",
+                c.experts_present, c.experts, c.experts_unverified, c.shards_verified, c.shards, c.fetched,
+                store_fmt_bytes((double)c.bytes_fetched, h, 32), c.fetch_s);
     }
     store_stats st;
     store_stats_get(e->store, &st);

@@ -308,6 +308,81 @@ try:
 finally:
     stop_hub()
 
+# ---- setup --stream: config, tokenizer, spine and DSpark now, each expert when first routed ----
+start_hub()
+try:
+    rs = os.path.join(work, "s")
+    shard_src = os.path.join(repos["moonshotai/Kimi-K3"], "model.safetensors")
+    shard = os.path.join(rs, "k3-stream", "model.safetensors")
+    r = deltafin(["setup", "--stream", "--dry-run"], rs)
+    check(r.returncode == 0 and "setup --stream: plan" in r.stdout and not os.path.exists(rs),
+          "setup --stream --dry-run prints the plan and writes nothing", (r.stdout + r.stderr)[-300:])
+    control("DELETE", "log")
+    control("POST", "faults", [
+        {"repo": "moonshotai/Kimi-K3", "path": "model.safetensors", "kind": "503", "retry_after": 1},
+        {"repo": "moonshotai/Kimi-K3", "path": "model.safetensors", "kind": "drop", "after": 4},
+    ])
+    r = deltafin(["setup", "--stream"], rs)
+    log = control("GET", "log")
+    control("DELETE", "faults")
+    sent = sum(e["bytes_sent"] or 0 for e in log if e["path"] == "model.safetensors" and e["method"] == "GET"
+               and e["status"] in (200, 206) and "Kimi-K3/" in e["url"] and "DSpark" not in e["url"])
+    ok = check(r.returncode == 0 and json.load(open(os.path.join(rs, "install.json")))["k3"].get("stream"),
+               "setup --stream completes through a 503 and a dropped connection", r.stderr.strip()[-300:])
+    if ok:
+        size = os.path.getsize(shard_src)
+        check(os.path.getsize(shard) == size and 0 < sent < size * 0.8,
+              f"the shard is fetched in part: its header and spine ({sent} of {size} bytes)")
+        eval_installed(rs, "after setup --stream")
+        r = deltafin(["run", "--tokens", ",".join(map(str, ids)), "--max-new", "4", "--stats"], rs)
+        m = __import__("re").search(r"streamed from the hub: (\d+) of (\d+) experts on the drive, (\d+) of them unverified", r.stderr)
+        present, total = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+        check(m and 0 < present < total and int(m.group(3)) == present,
+              "--stats counts the experts fetched so far, all unverified until their shard is whole",
+              r.stderr.strip()[-300:])
+        stop_hub()
+        eval_installed(rs, "streamed, with the hub stopped (the experts already fetched)")
+        far = [(7 * i * i + 3 * i) % 2000 + 10 for i in range(160)]
+        r = deltafin(["eval", "--tokens", ",".join(map(str, far)), "--logits-out", os.path.join(work, "far.f32")], rs,
+                     HF_HUB_OFFLINE="1")
+        check(r.returncode == 1 and "HF_HUB_OFFLINE" in r.stderr and "not fetched yet" in r.stderr,
+              "offline, an expert not fetched yet is a clear error", r.stderr.strip()[-300:])
+        start_hub()
+        r = deltafin(["setup", "--stream", "--prefetch-hot", "100000"], rs)
+        check(r.returncode == 0 and same_bytes(shard, shard_src),
+              "--prefetch-hot fetches the rest: the shard is then the hub's bytes, whole", (r.stdout + r.stderr)[-300:])
+        r = deltafin(["run", "--tokens", "5,6,7", "--max-new", "4", "--stats"], rs)
+        check(r.returncode == 0 and f"{total} of {total} experts on the drive, 0 of them unverified" in r.stderr
+              and "1 of 1 shards verified" in r.stderr, "a whole shard is hashed: no expert of it is unverified",
+              r.stderr.strip()[-300:])
+        r = deltafin(["setup", "--check"], rs)
+        check(r.returncode == 0 and "ok   K3 stream" in r.stdout, "setup --check passes on the streamed install",
+              (r.stdout + r.stderr)[-300:])
+        # a flipped byte inside an expert the oracle prompt routes to (the first expert the journal
+        # records: the first eval fetched it): the next read of it fails its fetch's checksum
+        with open(shard, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            hdr = json.loads(f.read(n))
+        journal = open(os.path.join(rs, "k3-stream", "stream.journal")).read().split("\n")
+        name, part_off = [l.split(" ")[2] for l in journal if ".experts." in l][0].rsplit("+", 1)
+        at = 8 + n + hdr[name]["data_offsets"][0] + int(part_off) + 3
+        with open(shard, "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x10]))
+        r = deltafin(["eval", "--tokens", ",".join(map(str, ids)), "--logits-out", os.path.join(work, "bad.f32")], rs)
+        check(r.returncode == 1 and "failed its checksum" in r.stderr and "when it was fetched" in r.stderr,
+              "a flipped byte in a streamed expert fails the checksum of its fetch, and nothing is computed with it",
+              r.stderr.strip()[-300:])
+        r = deltafin(["setup", "--check"], rs)
+        check(r.returncode == 1 and "FAIL K3 stream" in r.stdout, "setup --check finds it",
+              (r.stdout + r.stderr)[-300:])
+        r2 = deltafin(["doctor", "--model", os.path.join(rs, "k3-stream")], rs)
+        check(r2.returncode == 1 and "not those fetched" in r2.stderr, "doctor --model names it too", r2.stderr.strip()[-300:])
+finally:
+    stop_hub()
+
 # ---- a disk that fills up (a tmpfs with a size limit): a clean error, nothing half-written ----
 start_hub()
 try:
