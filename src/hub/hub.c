@@ -124,6 +124,10 @@ typedef struct answer {
     int has_range;        /* a Content-Range was given */
     uint64_t range_start;
     int body_started;     /* a byte of this answer's body has been taken */
+    char repo_commit[48]; /* X-Repo-Commit */
+    char linked_etag[80]; /* X-Linked-Etag, unquoted: an LFS file's sha256 */
+    int has_linked_size;
+    uint64_t linked_size; /* X-Linked-Size */
     char body[512];       /* the start of an error answer's body */
     size_t body_len;
 } answer;
@@ -160,6 +164,18 @@ static size_t on_header(char *buf, size_t size, size_t n, void *user)
         double s = strtod(v, &end);
         if (end != v && s >= 0)
             a->retry_after = s > 600 ? 600 : s; /* an HTTP date is taken as "the backoff" */
+    } else if (!strcasecmp(line, "X-Repo-Commit")) {
+        snprintf(a->repo_commit, sizeof a->repo_commit, "%s", v);
+    } else if (!strcasecmp(line, "X-Linked-Etag")) {
+        if (!strncmp(v, "W/", 2))
+            v += 2;
+        snprintf(a->linked_etag, sizeof a->linked_etag, "%s", v + (*v == '"'));
+        char *q = strchr(a->linked_etag, '"');
+        if (q)
+            *q = 0;
+    } else if (!strcasecmp(line, "X-Linked-Size")) {
+        a->has_linked_size = 1;
+        a->linked_size = strtoull(v, NULL, 10);
     } else if (!strcasecmp(line, "Content-Range")) {
         unsigned long long start;
         if (sscanf(v, "bytes %llu-", &start) == 1) {
@@ -964,6 +980,22 @@ static int job_finish(job *j, errbuf *err)
     return 1;
 }
 
+/* What the resolve answer says of the file (X-Repo-Commit, X-Linked-Etag, X-Linked-Size) must be
+ * what the revision said: otherwise the hub moved under us, and nothing fetched can be trusted. */
+static int answer_matches(const answer *a, const hub_repo *r, const hub_file *f, const char *what, errbuf *err)
+{
+    if (a->repo_commit[0] && strcmp(a->repo_commit, r->commit))
+        return errbuf_set(err, "%s: the hub answered for commit %.40s, not the resolved %s", what, a->repo_commit,
+                          r->commit);
+    if (a->linked_etag[0] && f->sha256[0] && strcmp(a->linked_etag, f->sha256))
+        return errbuf_set(err, "%s: the hub's X-Linked-Etag %s is not the sha256 %s it resolved", what, a->linked_etag,
+                          f->sha256);
+    if (a->has_linked_size && f->sha256[0] && a->linked_size != f->size)
+        return errbuf_set(err, "%s: the hub's X-Linked-Size %llu is not the %llu bytes it resolved", what,
+                          (unsigned long long)a->linked_size, (unsigned long long)f->size);
+    return 0;
+}
+
 /* A transfer ended: decide what comes next. */
 static int job_done(job *j, CURLcode cc, errbuf *err)
 {
@@ -971,6 +1003,8 @@ static int job_done(job *j, CURLcode cc, errbuf *err)
     curl_multi_remove_handle(h->multi, j->easy);
     const char *what = j->final;
     job_flush(j);
+    if (cc == CURLE_OK && !j->redirects && answer_matches(&j->a, j->r, j->f, what, err))
+        return -1;
     if (j->write_errno) {
         errno = j->write_errno;
         errbuf_errno(err, j->part);

@@ -169,6 +169,12 @@ try:
     check(r.returncode == 1 and oneline(r.stderr) and "401" in r.stderr and "HF_TOKEN" in r.stderr
           and not os.path.exists(os.path.join(rg, "install.json")),
           "a gated repo without HF_TOKEN: one line naming 401 and HF_TOKEN", r.stderr.strip())
+    control("POST", "faults", [{"repo": "moonshotai/Kimi-K3", "path": "model.safetensors", "kind": "etag"}])
+    r = deltafin(["setup", "--full"], os.path.join(work, "etag"))
+    control("DELETE", "faults")
+    check(r.returncode == 1 and oneline(r.stderr) and "X-Linked-Etag" in r.stderr and
+          not glob.glob(os.path.join(work, "etag", "download", "*", "model.safetensors")),
+          "a resolve answer whose X-Linked-Etag is not the resolved sha256 stops the download", r.stderr.strip())
     r = deltafin(["setup", "--full", "--revision", "0" * 40], os.path.join(work, "nf"))
     check(r.returncode == 1 and oneline(r.stderr) and "404" in r.stderr and "RevisionNotFound" in r.stderr,
           "an unknown revision: one line naming 404", r.stderr.strip())

@@ -43,6 +43,7 @@ field) matches its file and whose kind applies to it, and uses up one of its `co
   429, 503 (retry_after, default 1): any request that touches the file, HEAD included: answers
            that status with Retry-After and a JSON error.
   cdn:     an LFS file's resolve HEAD/GET: 302 to http://localhost:CDNPORT/cdn/... instead.
+  etag:    an LFS file's resolve HEAD/GET: X-Linked-Etag names another sha256 (a moved revision).
   drop (after, default half the body; reset: true for an RST instead of a FIN), truncate
   (after, default half: Content-Length and body cut to that), corrupt (offsets: body offsets
   XORed with 0xFF, default three), range200 (Range ignored: 200, whole file), throttle (mbps,
@@ -60,7 +61,7 @@ CHUNK = 64 * 1024
 DATE = "2024-01-01T00:00:00.000Z"
 ERROR_KINDS = {"429", "503"}
 BODY_KINDS = {"drop", "truncate", "corrupt", "range200", "throttle"}
-KINDS = ERROR_KINDS | BODY_KINDS | {"cdn"}
+KINDS = ERROR_KINDS | BODY_KINDS | {"cdn", "etag"}
 NET_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
 
 
@@ -385,9 +386,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def resolve(self, repo, f, raw):
         common = [("X-Repo-Commit", repo.commit), ("Accept-Ranges", "bytes")]
         if f.lfs and not raw:
-            fault = self.hub.take_fault(repo, f.path, ERROR_KINDS | {"cdn"})
-            if fault and fault["kind"] != "cdn":
+            fault = self.hub.take_fault(repo, f.path, ERROR_KINDS | {"cdn", "etag"})
+            if fault and fault["kind"] not in ("cdn", "etag"):
                 return self.fault_status(fault)
+            etag = f.sha256
+            if fault and fault["kind"] == "etag":  # another file's sha256, as a moved revision would say
+                self.rec["fault"] = "etag"
+                etag, fault = "0" * 64, None
             rest = "%s/%s/%s" % (quote(repo.name), repo.commit, quote(f.path))
             if fault:
                 self.rec["fault"] = "cdn"
@@ -397,7 +402,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = ("%s. Redirecting to %s" % ("Found" if status == 302 else
                                                "Temporary Redirect", loc)).encode()
             return self.send(status, common + [
-                ("Location", loc), ("X-Linked-Etag", '"%s"' % f.sha256),
+                ("Location", loc), ("X-Linked-Etag", '"%s"' % etag),
                 ("X-Linked-Size", str(f.size)), ("ETag", '"%s"' % f.oid),
                 ("Content-Type", "text/plain; charset=utf-8")], body)
         if f.lfs:  # raw: the pointer file
