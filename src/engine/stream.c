@@ -109,36 +109,59 @@ static int journal_append(stream *s, const char *line, errbuf *err)
     return 0;
 }
 
+void stream_journal_scan(const char *txt, size_t len, void (*on)(void *ctx, char kind, uint64_t xxh3, const char *name),
+                         void *ctx)
+{
+    char line[1200];
+    for (size_t at = 0; at < len;) {
+        const char *p = txt + at, *nl = memchr(p, '\n', len - at);
+        if (!nl)
+            break; /* a torn last line: its blob is fetched again */
+        size_t n = (size_t)(nl - p);
+        at += n + 1;
+        if (n < 3 || n >= sizeof line || p[1] != ' ' || memchr(p, 0, n))
+            continue;
+        memcpy(line, p, n);
+        line[n] = 0;
+        unsigned long long h;
+        char key[1100];
+        int used = 0;
+        if (line[0] == 'B' && sscanf(line + 2, "%16llx %1099s%n", &h, key, &used) == 2 && line[2 + used] == 0)
+            on(ctx, 'B', (uint64_t)h, key);
+        else if ((line[0] == 'V' || line[0] == 'R') && !strchr(line + 2, ' '))
+            on(ctx, line[0], 0, line + 2);
+    }
+}
+
+static void journal_line(void *ctx, char kind, uint64_t h, const char *name)
+{
+    stream *s = ctx;
+    if (kind == 'B') {
+        int b = blob_of_key(s, name);
+        if (b >= 0)
+            mark_present(s, b, h);
+        return;
+    }
+    for (int i = 0; i < s->nsh; i++) {
+        if (strcmp(s->sh[i].name, name))
+            continue;
+        s->sh[i].verified = kind == 'V';
+        for (int b = 0; kind == 'R' && b < s->nb; b++) /* a shard that failed its sha256: refetched */
+            if (shard_of(s, b) == i && s->b[b].kind == BLOB_EXPERT && s->b[b].present) {
+                s->b[b].present = 0;
+                s->sh[i].present--;
+            }
+    }
+}
+
 static int journal_load(stream *s, errbuf *err)
 {
     char *txt = NULL;
     size_t len = 0;
     if (file_exists(s->journal) && file_read_all(s->journal, &txt, &len, err))
         return -1;
-    for (char *p = txt, *nl; p && (nl = memchr(p, '\n', len - (size_t)(p - txt))); p = nl + 1) {
-        *nl = 0;
-        unsigned long long h;
-        char key[1024];
-        if (sscanf(p, "B %llx %1023s", &h, key) == 2) {
-            int b = blob_of_key(s, key);
-            if (b >= 0)
-                mark_present(s, b, (uint64_t)h);
-        } else if (p[0] == 'V' && p[1] == ' ') {
-            for (int i = 0; i < s->nsh; i++)
-                if (!strcmp(s->sh[i].name, p + 2))
-                    s->sh[i].verified = 1;
-        } else if (p[0] == 'R' && p[1] == ' ') {
-            for (int i = 0; i < s->nsh; i++)
-                if (!strcmp(s->sh[i].name, p + 2)) {
-                    s->sh[i].verified = 0;
-                    for (int b = 0; b < s->nb; b++)
-                        if (shard_of(s, b) == i && s->b[b].kind == BLOB_EXPERT && s->b[b].present) {
-                            s->b[b].present = 0;
-                            s->sh[i].present--;
-                        }
-                }
-        } /* anything else: a torn line from a crash, or a later build's record */
-    }
+    if (txt)
+        stream_journal_scan(txt, len, journal_line, s);
     free(txt);
     return 0;
 }

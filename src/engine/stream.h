@@ -55,6 +55,12 @@ void stream_counts_get(const stream *s, stream_counts *out);
  * hub's sha256, offline: 0, or -1 naming the first that differs. */
 int stream_check(const stream *s, errbuf *err);
 
+/* The journal's lines, in order: on(ctx, kind, xxh3, name) for each well-formed one, kind 'B' (a
+ * blob: name its key, xxh3 its sum), 'V' or 'R' (name a shard); torn and unknown lines are skipped.
+ * (stream_open's reader; fuzzed.) */
+void stream_journal_scan(const char *txt, size_t len, void (*on)(void *ctx, char kind, uint64_t xxh3, const char *name),
+                         void *ctx);
+
 /* Writes dir/stream.json for repo r's safetensors files (atomically). */
 int stream_json_write(const char *dir, const hub_repo *r, errbuf *err);
 
