@@ -118,6 +118,31 @@ static int mkdirs_of(const char *path, errbuf *err)
     return mkdir_p(d, err);
 }
 
+/* A folder holds one repo at one commit: DIR/.hub-commit says which ("OWNER/NAME@COMMIT"), written
+ * before the first byte goes in. A folder of another commit is refused, never mixed (a file of the
+ * right size would count as verified). */
+#define CLAIM_FILE ".hub-commit"
+static int folder_claim(const char *dir, const hub_repo *r, errbuf *err)
+{
+    char path[4200], want[400], *have = NULL;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s", dir, CLAIM_FILE);
+    snprintf(want, sizeof want, "%s@%s\n", r->name, r->commit);
+    if (mkdir_p(dir, err))
+        return -1;
+    if (file_exists(path)) {
+        if (file_read_all(path, &have, &len, err))
+            return -1;
+        int same = !strcmp(have, want);
+        if (!same)
+            errbuf_set(err, "%s holds %.*s, not %s@%s: remove it (or use another --model-root) to install this one", dir,
+                       (int)strcspn(have, "\n"), have, r->name, r->commit);
+        free(have);
+        return same ? 0 : -1;
+    }
+    return file_write_atomic(path, want, strlen(want), err);
+}
+
 /* Files setup leaves on the hub: the model card and pictures are not part of a model. */
 static int file_wanted(const char *path)
 {
@@ -292,7 +317,10 @@ static json_t *install_entry(const hub_repo *r, const char *key, const char *pat
 static int fetch(setup_ctx *c, const hub_repo *r, const int *which, int n, const char *dir, errbuf *err)
 {
     hub_stats st;
-    if (mkdir_p(dir, err) || hub_download(c->h, r, which, n, dir, &st, err))
+    if (hub_repo_file(r, CLAIM_FILE))
+        return errbuf_set(err, "%s@%.12s has a file named %s, which setup keeps for itself", r->name, r->commit,
+                          CLAIM_FILE);
+    if (folder_claim(dir, r, err) || hub_download(c->h, r, which, n, dir, &st, err))
         return -1;
     char a[32], b[32];
     gb(st.bytes_fetched, a, sizeof a);
@@ -317,6 +345,8 @@ static void remove_download(const hub_repo *r, const char *dir)
             rmdir(p);
         }
     }
+    snprintf(p, sizeof p, "%s/%s", dir, CLAIM_FILE);
+    unlink(p);
     rmdir(dir);
     char parent[4200];
     snprintf(parent, sizeof parent, "%s", dir);
@@ -412,7 +442,7 @@ static int setup_full(setup_ctx *c, int include_qwen, errbuf *err)
         rc = 0;
         goto done;
     }
-    if (space_check(&sp, 0, err))
+    if (space_check(&sp, 0, err) || folder_claim(store, &k3, err))
         goto done;
 
     /* the small drafter first: a failure on K3 leaves it usable for the next run */
@@ -556,12 +586,14 @@ static int stream_shard_header(setup_ctx *c, const hub_repo *r, const hub_file *
     memcpy(hdr, le, 8);
     int rc = hub_range_get(c->h, r->name, r->commit, f->path, 8, n, hdr + 8, err);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    if (!rc && mkdirs_of(path, err))
+        rc = -1;
     int fd = rc ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (!rc && (fd < 0 || ftruncate(fd, (off_t)f->size) || file_pwrite_full(fd, hdr, (size_t)n + 8, 0) || fsync(fd)))
         rc = errbuf_errno(err, tmp);
     if (fd >= 0)
         close(fd);
-    if (!rc && (mkdirs_of(path, err) || rename(tmp, path)))
+    if (!rc && rename(tmp, path))
         rc = errbuf_errno(err, path);
     if (rc)
         unlink(tmp);
@@ -651,8 +683,9 @@ static int setup_stream(setup_ctx *c, long prefetch_hot, errbuf *err)
         gb(shard_bytes, b, sizeof b);
         gb(bd, d, sizeof d);
         printf("setup --stream: plan for %s\n", c->root);
-        printf("  %s@%s: %d small files (%s) now, then each of %d shards' header and spine; the experts (at most "
-               "%s in all) as the router first asks for them, into %s\n",
+        printf("  %s@%s: %d small files (%s) now, then each of %d shards' header and spine (its size is in the "
+               "headers: for K3 about 107 GB, checked against the free space before it is fetched); the experts (at "
+               "most %s with the spine) as the router first asks for them, into %s\n",
                K3_REPO, k3.commit, ns, a, nshards, b, dir);
         printf("  %s@%s: %d files, %s, into %s\n", DSPARK_REPO, ds.commit, nd, d, dsdir);
         space sp = {.n = 0};
@@ -661,6 +694,17 @@ static int setup_stream(setup_ctx *c, long prefetch_hot, errbuf *err)
         rc = 0;
         goto done;
     }
+    static const char *const mine[] = {STREAM_JSON, "stream.journal", "heat.bin"};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++)
+        if (hub_repo_file(&k3, mine[i])) {
+            errbuf_set(err, "%s@%.12s has a file named %s, which a streamed install keeps for itself", k3.name,
+                       k3.commit, mine[i]);
+            goto done;
+        }
+    space pre = {.n = 0}; /* what comes before the spine (whose size the headers tell: checked then) */
+    if (space_add(&pre, dir, bytes_missing(&k3, small, ns, dir), err) ||
+        space_add(&pre, dsdir, bytes_missing(&ds, wd, nd, dsdir), err) || space_check(&pre, 0, err))
+        goto done;
     if (fetch(c, &ds, wd, nd, dsdir, err) || fetch(c, &k3, small, ns, dir, err))
         goto done;
     for (int i = 0; i < k3.n_files; i++)
@@ -673,7 +717,7 @@ static int setup_stream(setup_ctx *c, long prefetch_hot, errbuf *err)
     if (blob_table_build(&bt, &m, err))
         goto done;
     have_bt = 1;
-    if (stream_open(&st, dir, &m, &bt, c->h, err))
+    if (stream_open(&st, dir, &m, &bt, c->h, 0, err)) /* 0: its spine is what comes next */
         goto done;
     /* the spine: every blob that is not a routed expert, after a check that it fits */
     uint64_t spine_missing = 0;

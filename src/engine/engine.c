@@ -238,7 +238,7 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
         int bad = blob_table_build(&bt, &e->own, err) != 0;
         if (!bad && stream_is_install(model_dir)) { /* setup --stream: experts come from the hub */
             bad = (o->hub && hub_init(&e->hub, o->hub, err) != 0) ||
-                  stream_open(&e->stream, model_dir, &e->own, &bt, e->hub, err) != 0;
+                  stream_open(&e->stream, model_dir, &e->own, &bt, e->hub, 1, err) != 0;
         }
         if (bad || open_store(e, o, model_dir, &bt, NULL, err) != 0) {
             blob_table_free(&bt);

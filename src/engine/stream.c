@@ -41,6 +41,7 @@ typedef struct sshard {
     uint64_t size;
     int blobs, present; /* blobs with a part in this shard, and how many of them are present */
     int verified;
+    int tried;          /* completed (or tried to) by this run */
     int fd;             /* for writing, opened on first use */
 } sshard;
 
@@ -92,11 +93,44 @@ static int blob_of_key(const stream *s, const char *key)
  * one that spans two counts toward the first). */
 static int shard_of(const stream *s, int b) { return s->r[s->b[b].first_range].file; }
 
+/* 1 if blob b has a range in shard i */
+static int touches(const stream *s, int b, int i)
+{
+    for (int r = 0; r < s->b[b].nranges; r++)
+        if (s->r[s->b[b].first_range + r].file == i)
+            return 1;
+    return 0;
+}
+
+/* Adds d to the count c of every shard blob b has a range in (each once). */
+static void count_shards(stream *s, int b, int d, int which)
+{
+    for (int r = 0; r < s->b[b].nranges; r++) {
+        int f = s->r[s->b[b].first_range + r].file, seen = 0;
+        for (int q = 0; q < r; q++)
+            seen |= s->r[s->b[b].first_range + q].file == f;
+        if (!seen)
+            *(which ? &s->sh[f].present : &s->sh[f].blobs) += d;
+    }
+}
+
+/* Forgets every blob with a range in shard i (a shard that failed its sha256: all of it is fetched
+ * again, the spine by setup --stream, the experts as they are routed). */
+static void forget_shard(stream *s, int i)
+{
+    s->sh[i].verified = 0;
+    for (int b = 0; b < s->nb; b++)
+        if (s->b[b].present && touches(s, b, i)) {
+            s->b[b].present = 0;
+            count_shards(s, b, -1, 1);
+        }
+}
+
 static void mark_present(stream *s, int b, uint64_t h)
 {
     if (!s->b[b].present) {
         s->b[b].present = 1;
-        s->sh[shard_of(s, b)].present++;
+        count_shards(s, b, +1, 1);
     }
     s->b[b].xxh3 = h;
 }
@@ -145,23 +179,27 @@ static void journal_line(void *ctx, char kind, uint64_t h, const char *name)
     for (int i = 0; i < s->nsh; i++) {
         if (strcmp(s->sh[i].name, name))
             continue;
-        s->sh[i].verified = kind == 'V';
-        for (int b = 0; kind == 'R' && b < s->nb; b++) /* a shard that failed its sha256: refetched */
-            if (shard_of(s, b) == i && s->b[b].kind == BLOB_EXPERT && s->b[b].present) {
-                s->b[b].present = 0;
-                s->sh[i].present--;
-            }
+        if (kind == 'V')
+            s->sh[i].verified = 1;
+        else
+            forget_shard(s, i);
     }
 }
 
-static int journal_load(stream *s, errbuf *err)
+/* Reads the journal; *keep: the bytes of its whole lines. */
+static int journal_load(stream *s, off_t *keep, errbuf *err)
 {
     char *txt = NULL;
     size_t len = 0;
+    *keep = 0;
     if (file_exists(s->journal) && file_read_all(s->journal, &txt, &len, err))
         return -1;
-    if (txt)
+    if (txt) {
         stream_journal_scan(txt, len, journal_line, s);
+        while (len > 0 && txt[len - 1] != '\n')
+            len--;
+        *keep = (off_t)len;
+    }
     free(txt);
     return 0;
 }
@@ -178,7 +216,8 @@ static int sum_of(void *ctx, int b, uint64_t *xxh3)
     return 1;
 }
 
-int stream_open(stream **out, const char *dir, const model *m, const blob_table *bt, hub *h, errbuf *err)
+int stream_open(stream **out, const char *dir, const model *m, const blob_table *bt, hub *h, int need_spine,
+                errbuf *err)
 {
     *out = NULL;
     char path[1200];
@@ -264,16 +303,25 @@ int stream_open(stream **out, const char *dir, const model *m, const blob_table 
             goto done;
         }
         s->by_key[b] = b;
-        s->sh[shard_of(s, b)].blobs++;
+        count_shards(s, b, +1, 0);
         s->c.experts += x->kind == BLOB_EXPERT;
     }
     qsort_r(s->by_key, (size_t)s->nb, sizeof *s->by_key, by_key_cmp, s);
-    if (journal_load(s, err))
+    off_t keep = 0;
+    if (journal_load(s, &keep, err))
         goto done;
-    if ((s->jfd = open(s->journal, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) < 0) {
+    /* appended to from its last whole line on: a torn tail (a crash) would glue onto the next */
+    if ((s->jfd = open(s->journal, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) < 0 || ftruncate(s->jfd, keep) ||
+        lseek(s->jfd, 0, SEEK_END) < 0) {
         errbuf_errno(err, s->journal);
         goto done;
     }
+    for (int b = 0; need_spine && b < s->nb; b++)
+        if (s->b[b].kind != BLOB_EXPERT && !s->b[b].present) {
+            errbuf_set(err, "%s: the spine is not all fetched yet ('%s' is missing): rerun deltafin setup --stream", dir,
+                       s->b[b].key);
+            goto done;
+        }
     s->f = (store_fetcher){.ctx = s, .fetch = fetch_of, .present = present_of, .sum = sum_of};
     rc = 0;
 done:
@@ -337,33 +385,23 @@ static int fetch_range(stream *s, int i, uint64_t off, uint64_t len, XXH3_state_
 
 static int sha256_file(int fd, uint64_t size, unsigned char *buf, char hex[65]);
 
-/* Every blob of shard i is present: fetch the bytes no blob holds (tensors the model does not
- * use), then hash the whole file against the hub's sha256. */
+/* Every blob of shard i is present: fetch the bytes no blob holds (its header again, tensors the
+ * text model does not use), then hash the whole file against the hub's sha256. 0: verified; 1: it
+ * does not match (err says so; everything recorded of the shard is forgotten, to be fetched again);
+ * -1: it could not be checked now (err: a fetch or read failed; it is tried again next run). */
 static int shard_complete(stream *s, int i, unsigned char *buf, errbuf *err)
 {
     sshard *x = &s->sh[i];
     const char *path = s->m->st.files[i].path;
-    int rfd = open(path, O_RDONLY | O_CLOEXEC);
-    uint64_t hdr = 0;
-    unsigned char le[8];
-    if (rfd < 0 || file_pread_full(rfd, le, 8, 0)) {
-        if (rfd >= 0)
-            close(rfd);
-        return errbuf_errno(err, path);
-    }
-    for (int k = 7; k >= 0; k--)
-        hdr = hdr << 8 | le[k];
-    /* the present intervals: the header and every blob range of this shard, sorted */
+    /* the present intervals: the ranges in this shard of the blobs that are present, sorted */
     int n = 0;
     srange *iv = malloc(sizeof *iv * ((size_t)s->nr + 1));
-    if (!iv) {
-        close(rfd);
+    if (!iv)
         return errbuf_set(err, "out of memory");
-    }
-    iv[n++] = (srange){.file = i, .off = 0, .len = 8 + hdr};
-    for (int r = 0; r < s->nr; r++)
-        if (s->r[r].file == i)
-            iv[n++] = s->r[r];
+    for (int b = 0; b < s->nb; b++)
+        for (int r = 0; s->b[b].present && r < s->b[b].nranges; r++)
+            if (s->r[s->b[b].first_range + r].file == i)
+                iv[n++] = s->r[s->b[b].first_range + r];
     for (int a = 1; a < n; a++) /* insertion sort: ranges of a shard come nearly in order */
         for (int b = a; b > 0 && iv[b - 1].off > iv[b].off; b--) {
             srange t = iv[b];
@@ -380,25 +418,25 @@ static int shard_complete(stream *s, int i, unsigned char *buf, errbuf *err)
             at = iv[k].off + iv[k].len;
     }
     free(iv);
-    if (rc == 0 && fdatasync(shard_fd(s, i, err)))
-        rc = errbuf_errno(err, path);
+    int wfd = rc == 0 ? shard_fd(s, i, err) : -1;
+    if (rc == 0 && (wfd < 0 || fdatasync(wfd)))
+        rc = wfd < 0 ? -1 : errbuf_errno(err, path);
     char hex[65], line[1200];
-    if (rc == 0 && sha256_file(rfd, x->size, buf, hex))
+    int rfd = rc == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (rc == 0 && (rfd < 0 || sha256_file(rfd, x->size, buf, hex)))
         rc = errbuf_errno(err, path);
-    close(rfd);
+    if (rfd >= 0)
+        close(rfd);
     if (rc)
         return -1;
-    if (strcmp(hex, x->sha256)) { /* some byte is wrong, and nothing says which: fetch them again */
+    if (strcmp(hex, x->sha256)) { /* some byte is wrong, and nothing says which */
         snprintf(line, sizeof line, "R %s\n", x->name);
         journal_append(s, line, err);
-        for (int b = 0; b < s->nb; b++)
-            if (shard_of(s, b) == i && s->b[b].kind == BLOB_EXPERT && s->b[b].present) {
-                s->b[b].present = 0;
-                x->present--;
-            }
-        return errbuf_set(err, "%s: its sha256 after streaming is not the hub's (%s@%.12s); its experts will be "
-                               "fetched again",
-                          path, s->repo, s->commit);
+        forget_shard(s, i);
+        errbuf_set(err, "%s: its sha256 after streaming is not the hub's (%s@%.12s); what was fetched of it is "
+                        "forgotten: rerun deltafin setup --stream",
+                   path, s->repo, s->commit);
+        return 1;
     }
     snprintf(line, sizeof line, "V %s\n", x->name);
     if (journal_append(s, line, err))
@@ -407,12 +445,36 @@ static int shard_complete(stream *s, int i, unsigned char *buf, errbuf *err)
     return 0;
 }
 
+/* Completes every shard of blob b that has all its blobs now and is not verified yet (once a run
+ * each): a shard that fails its sha256 fails the read; one that cannot be checked now stays
+ * unverified. */
+static int shards_complete(stream *s, int b, errbuf *err)
+{
+    unsigned char *buf = NULL;
+    int rc = 0;
+    for (int r = 0; r < s->b[b].nranges && rc == 0; r++) {
+        sshard *x = &s->sh[s->r[s->b[b].first_range + r].file];
+        if (x->verified || x->tried || x->present < x->blobs || !s->h)
+            continue;
+        x->tried = 1;
+        if (!buf && !(buf = malloc((size_t)STREAM_PIECE)))
+            return errbuf_set(err, "out of memory");
+        errbuf e2;
+        if (shard_complete(s, s->r[s->b[b].first_range + r].file, buf, &e2) == 1) {
+            *err = e2;
+            rc = -1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
 int stream_fetch(stream *s, int b, errbuf *err)
 {
     if (b < 0 || b >= s->nb)
         return errbuf_set(err, "stream: blob %d out of range", b);
     if (s->b[b].present)
-        return 0;
+        return shards_complete(s, b, err);
     sblob *y = &s->b[b];
     if (!s->h)
         return errbuf_set(err, "%s: the bytes of '%s' have not been fetched yet, and no hub is set up", s->dir, y->key);
@@ -434,9 +496,14 @@ int stream_fetch(stream *s, int b, errbuf *err)
         if (fetch_range(s, x->file, x->off, x->len, h, buf, err))
             goto done;
     }
-    for (int r = 0; r < y->nranges; r++) /* the bytes are on the drive before the journal says so */
-        if (fdatasync(shard_fd(s, s->r[y->first_range + r].file, err)))
+    for (int r = 0; r < y->nranges; r++) { /* the bytes are on the drive before the journal says so */
+        int f = s->r[y->first_range + r].file, fd = shard_fd(s, f, err);
+        if (fd < 0 || fdatasync(fd)) {
+            if (fd >= 0)
+                errbuf_errno(err, s->m->st.files[f].path);
             goto done;
+        }
+    }
     uint64_t sum = XXH3_64bits_digest(h);
     char line[1200];
     snprintf(line, sizeof line, "B %016llx %s\n", (unsigned long long)sum, y->key);
@@ -444,17 +511,10 @@ int stream_fetch(stream *s, int b, errbuf *err)
         goto done;
     mark_present(s, b, sum);
     s->c.fetched++;
-    int i = shard_of(s, b);
-    if (!s->sh[i].verified && s->sh[i].present == s->sh[i].blobs) {
-        free(buf);
-        buf = malloc((size_t)STREAM_PIECE);
-        if (!buf) {
-            errbuf_set(err, "out of memory");
-            goto done;
-        }
-        if (shard_complete(s, i, buf, err))
-            goto done;
-    }
+    free(buf);
+    buf = NULL;
+    if (shards_complete(s, b, err))
+        goto done;
     rc = 0;
 done:
     s->c.fetch_s += timer_now() - t0;

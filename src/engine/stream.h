@@ -41,8 +41,12 @@ typedef struct stream_counts {
 /* 1 if dir is a streamed install. */
 int stream_is_install(const char *dir);
 /* Opens dir's install for m (loaded from dir) and its blob table (copied: the store takes bt).
- * h: the hub to fetch from (borrowed), or NULL: offline, a blob not yet present is an error. */
-int stream_open(stream **out, const char *dir, const model *m, const blob_table *bt, hub *h, errbuf *err);
+ * h: the hub to fetch from (borrowed), or NULL: offline, a blob not yet present is an error.
+ * need_spine: refuse an install whose spine (every blob but the routed experts, which the model
+ * maps rather than reads through the store) is not all present, as a setup stopped part-way
+ * leaves it: what was never fetched would be computed with as zeros. */
+int stream_open(stream **out, const char *dir, const model *m, const blob_table *bt, hub *h, int need_spine,
+                errbuf *err);
 void stream_free(stream *s);
 /* What the store calls (store_cfg.fetch). */
 const store_fetcher *stream_fetcher(stream *s);

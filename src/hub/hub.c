@@ -41,7 +41,7 @@
 struct hub {
     hub_opts o;
     char endpoint[1024]; /* without a trailing slash */
-    char host[256];      /* the endpoint's host: the only one that gets Authorization */
+    char host[600];      /* the endpoint's origin (url_host): the only one that gets Authorization */
     CURLM *multi;
     CURL *ranges; /* hub_range_get's handle, kept so that its connections are reused */
 };
@@ -73,19 +73,25 @@ void hub_opts_from_env(hub_opts *o)
 
 /* ---- URLs ---- */
 
-/* The host of an absolute URL, lowercased ("" when it has none). */
+/* The origin of an absolute URL, "scheme://host:port" lowercased with the port made explicit
+ * ("" when it has none): Authorization goes only to the endpoint's own origin. */
 static void url_host(const char *url, char *out, size_t cap)
 {
     out[0] = 0;
     CURLU *u = curl_url();
-    char *host = NULL;
-    if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK && curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
-        snprintf(out, cap, "%s", host);
+    char *scheme = NULL, *host = NULL, *port = NULL;
+    if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+        snprintf(out, cap, "%s://%s:%s", scheme, host, port);
         for (char *p = out; *p; p++)
             if (*p >= 'A' && *p <= 'Z')
                 *p = (char)(*p - 'A' + 'a');
     }
+    curl_free(scheme);
     curl_free(host);
+    curl_free(port);
     curl_url_cleanup(u);
 }
 
@@ -314,8 +320,9 @@ static int hex_ok(const char *s, size_t n)
 /* A repo path must stay inside its folder: relative, no "." or ".." part, no empty part. */
 static int path_ok(const char *p)
 {
-    if (!*p || *p == '/' || strlen(p) >= 1024 || strchr(p, '\\'))
-        return 0;
+    size_t pl = strlen(p);
+    if (!*p || *p == '/' || pl >= 1024 || strchr(p, '\\') || (pl >= 11 && !strcmp(p + pl - 11, ".incomplete")))
+        return 0; /* (NAME.incomplete is where NAME downloads) */
     for (const char *s = p; *s;) {
         const char *e = strchr(s, '/');
         size_t l = e ? (size_t)(e - s) : strlen(s);
@@ -507,7 +514,7 @@ static int hub_get_small(hub *h, const char *start_url, const char *what, membuf
     CURL *c = curl_easy_init();
     if (!c)
         return errbuf_set(err, "libcurl: cannot create a handle");
-    char url[HUB_URL_MAX], host[256];
+    char url[HUB_URL_MAX], host[600];
     int rc = -1;
     for (int attempt = 0;; attempt++) {
         snprintf(url, sizeof url, "%s", start_url);
@@ -634,7 +641,7 @@ static size_t on_window(char *p, size_t size, size_t n, void *user)
 int hub_range_get(hub *h, const char *repo, const char *commit, const char *path, uint64_t off, uint64_t len, void *buf,
                   errbuf *err)
 {
-    char what[2048], start[HUB_URL_MAX], url[HUB_URL_MAX], host[256], range[64];
+    char what[2048], start[HUB_URL_MAX], url[HUB_URL_MAX], host[600], range[64];
     snprintf(what, sizeof what, "%s@%.12s: %s bytes %llu-%llu", repo, commit, path, (unsigned long long)off,
              (unsigned long long)(off + len - 1));
     if (h->o.offline)
@@ -955,9 +962,11 @@ static int job_finish(job *j, errbuf *err)
             return errbuf_errno(err, j->part);
         return 0;
     }
-    if (fsync(j->fd) || close(j->fd)) {
+    if (fsync(j->fd) || close(j->fd)) { /* a late ENOSPC: nothing half-written stays */
+        errbuf_errno(err, j->part);
         j->fd = -1;
-        return errbuf_errno(err, j->part);
+        unlink(j->part);
+        return -1;
     }
     j->fd = -1;
     if (rename(j->part, j->final))
@@ -1019,7 +1028,7 @@ static int job_done(job *j, CURLcode cc, errbuf *err)
         loc) {
         if (++j->redirects > HUB_MAX_REDIRECTS)
             return errbuf_set(err, "%s: more than %d redirects", what, HUB_MAX_REDIRECTS);
-        char host[256];
+        char host[600];
         snprintf(j->url, sizeof j->url, "%s", loc);
         url_host(j->url, host, sizeof host);
         j->auth = j->auth && !strcmp(host, h->host);
@@ -1136,7 +1145,10 @@ int hub_download(hub *h, const hub_repo *r, const int *which, int n, const char 
         j->st = st;
         j->fd = -1;
         j->f = &r->files[which ? which[i] : i];
-        snprintf(j->final, sizeof j->final, "%s/%s", dir, j->f->path);
+        if ((size_t)snprintf(j->final, sizeof j->final, "%s/%s", dir, j->f->path) >= sizeof j->final) {
+            rc = errbuf_set(err, "%s/%s: the path is too long", dir, j->f->path);
+            continue;
+        }
         snprintf(j->part, sizeof j->part, "%s.incomplete", j->final);
         total += j->f->size;
         if (rc == 0 && job_open(j, err))

@@ -248,6 +248,15 @@ try:
         log = control("GET", "log")
         check(r.returncode == 0 and not [e for e in log if e["method"] == "GET" and "/resolve" in e["url"]],
               "setup-qwen over an install that has them fetches nothing", (r.stdout + r.stderr)[-300:])
+        claim = os.path.join(ra, "k3-dspark", ".hub-commit")
+        good = open(claim).read()
+        with open(claim, "w") as f:
+            f.write("Inferact/Kimi-K3-DSpark@" + "1" * 40 + "\n")
+        r = deltafin(["setup", "--full"], ra)
+        check(r.returncode == 1 and oneline(r.stderr) and "remove it" in r.stderr and "1111111111" in r.stderr,
+              "a folder holding another commit is refused, never topped up", r.stderr.strip())
+        with open(claim, "w") as f:
+            f.write(good)
         r = deltafin(["run", "--prompt", "def f(x):", "--max-new", "8", "--draft", "qwen", "--stats"], ra)
         check(r.returncode == 0 and "draft qwen:" in r.stderr, "run without --model drafts with the installed Qwen drafter",
               r.stderr.strip()[-300:])
@@ -354,6 +363,19 @@ try:
         check(r.returncode == 1 and "HF_HUB_OFFLINE" in r.stderr and "not fetched yet" in r.stderr,
               "offline, an expert not fetched yet is a clear error", r.stderr.strip()[-300:])
         start_hub()
+        jpath = os.path.join(rs, "k3-stream", "stream.journal")
+        jtext = open(jpath).read()
+        with open(jpath, "w") as f:  # as a setup killed after the headers leaves it: no spine
+            f.write("")
+        r = deltafin(["eval", "--tokens", ",".join(map(str, ids)), "--logits-out", os.path.join(work, "ns.f32")], rs)
+        check(r.returncode == 1 and "spine is not all fetched" in r.stderr,
+              "a streamed install whose spine is not all there does not run (never zeros)", r.stderr.strip()[-300:])
+        with open(jpath, "w") as f:
+            f.write(jtext + "B 12ab")  # and a torn last line, as a crash leaves it
+        eval_installed(rs, "streamed, after a torn journal line")
+        lines = open(jpath).read().split("\n")
+        check(lines[-1] == "" and all(l.startswith(("B ", "V ", "R ")) and len(l.split(" ")) == (3 if l[0] == "B" else 2)
+                                      for l in lines[:-1]), "the torn line is cut before the journal is appended to")
         r = deltafin(["setup", "--stream", "--prefetch-hot", "100000"], rs)
         check(r.returncode == 0 and same_bytes(shard, shard_src),
               "--prefetch-hot fetches the rest: the shard is then the hub's bytes, whole", (r.stdout + r.stderr)[-300:])
@@ -361,6 +383,13 @@ try:
         check(r.returncode == 0 and f"{total} of {total} experts on the drive, 0 of them unverified" in r.stderr
               and "1 of 1 shards verified" in r.stderr, "a whole shard is hashed: no expert of it is unverified",
               r.stderr.strip()[-300:])
+        with open(jpath) as f:
+            kept = [l for l in f.read().split("\n") if l and not l.startswith("V ")]
+        with open(jpath, "w") as f:  # as a run killed while hashing the shard leaves it
+            f.write("\n".join(kept) + "\n")
+        r = deltafin(["run", "--tokens", "5,6,7", "--max-new", "4", "--stats"], rs)
+        check(r.returncode == 0 and "1 of 1 shards verified" in r.stderr,
+              "a shard all present but not yet hashed is hashed by the next run that reads it", r.stderr.strip()[-300:])
         r = deltafin(["setup", "--check"], rs)
         check(r.returncode == 0 and "ok   K3 stream" in r.stdout, "setup --check passes on the streamed install",
               (r.stdout + r.stderr)[-300:])
