@@ -779,6 +779,71 @@ TEST(draft_ngram_classes_by_match_length)
     ng->free(ng);
 }
 
+/* ---- the economics before a drafter's first ask ---- */
+
+static double cost_prohibitive(drafter *d, int n, int k, double *once)
+{
+    (void)d;
+    (void)n;
+    (void)k;
+    *once = 1e6; /* a catch-up no decode could win back */
+    return 0.01;
+}
+
+static double cost_cheap(drafter *d, int n, int k, double *once)
+{
+    (void)d;
+    (void)n;
+    (void)k;
+    *once = 0;
+    return 0.01;
+}
+
+/* A drafter that says what an ask costs (draft.h: cost) is asked only if a good drafter would win
+ * that back over the tokens still wanted: with a prohibitive first ask it is never asked (a model
+ * drafter whose prompt prefill costs more than the decode could save), with a cheap one it is, and
+ * its perfect guesses are kept; the tokens and logits are a plain decode's either way. */
+TEST(draft_first_ask_by_its_estimate)
+{
+    errbuf err;
+    engine *e = default_engine(2, NULL, 0, &err);
+    CHECKF(e, "%s", err.msg);
+    tok_ids ids = {0};
+    CHECKF(encode_file(e, code_prompt(), &ids, &err) == 0, "%s", err.msg);
+    int np = (int)ids.n, V = engine_hparams(e)->vocab;
+    run plain, r;
+    CHECK(run_init(&plain, V) == 0 && run_init(&r, V) == 0);
+    gcfg g = {.max_new = 48, .kmax = 7};
+    CHECKF(generate_once(e, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
+    int32_t *truth = malloc(sizeof(int32_t) * (size_t)(np + plain.n));
+    CHECK(truth != NULL);
+    memcpy(truth, ids.v, sizeof(int32_t) * (size_t)np);
+    memcpy(truth + np, plain.ids, sizeof(int32_t) * (size_t)plain.n);
+    double (*costs[2])(drafter *, int, int, double *) = {cost_prohibitive, cost_cheap};
+    for (int c = 0; c < 2 && !test_failed(); c++) {
+        oracle_drafter od;
+        oracle_init(&od, truth, np + plain.n, V, 0.0, 7);
+        od.d.cost = costs[c];
+        drafter *use[1] = {&od.d};
+        CHECKF(generate_once(e, ids.v, np, use, 1, &g, &r, &err) == 0, "%s", err.msg);
+        char why[200];
+        CHECKF(same_run(&plain, &r, why, sizeof why), "%s", why);
+        uint64_t p, a;
+        drafted(&r, &p, &a);
+        if (c == 0)
+            CHECKF(r.st.draft[0].steps == 0 && p == 0, "a drafter whose first ask cannot pay was asked %llu times",
+                   (unsigned long long)r.st.draft[0].steps);
+        else
+            CHECKF(p > 0 && a == p, "a cheap perfect drafter: %llu of %llu guesses kept", (unsigned long long)a,
+                   (unsigned long long)p);
+    }
+    free(truth);
+    run_free(&plain);
+    run_free(&r);
+    tok_ids_free(&ids);
+    engine_free(e);
+}
+
 /* ---- DSpark against its training code ---- */
 
 TEST(draft_dspark_matches_its_training_code)

@@ -305,6 +305,15 @@ void engine_free(engine *e)
 }
 
 const hparams *engine_hparams(const engine *e) { return &e->m->hp; }
+
+uint64_t engine_active_bytes(const engine *e)
+{
+    const model *m = e->m;
+    double bytes = 0, share = m->hp.n_experts > 0 ? (double)m->hp.top_k / m->hp.n_experts : 1;
+    for (int i = 0; i < m->n_bind; i++)
+        bytes += (double)m->bind[i].len * (m->bind[i].part == MODEL_PART_EXPERT ? share : 1);
+    return (uint64_t)bytes;
+}
 const model *engine_model(const engine *e) { return e->m; }
 const char *engine_model_dir(const engine *e) { return e->m->dir; }
 const char *engine_kernels(const engine *e) { return e->k->name; }

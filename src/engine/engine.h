@@ -88,6 +88,9 @@ int engine_wrap(const model *m, struct store *st, const engine_opts *o, engine *
 void engine_free(engine *e);
 
 const hparams *engine_hparams(const engine *e);
+/* Bytes of weights one position's pass uses: every bound tensor, routed experts weighted by
+ * top_k / n_experts (what a drafter's cost estimate compares; not a measurement). */
+uint64_t engine_active_bytes(const engine *e);
 const model *engine_model(const engine *e);
 const char *engine_model_dir(const engine *e);
 const char *engine_kernels(const engine *e); /* the table's name */

@@ -21,6 +21,8 @@ typedef struct econ {
     int last_cls[GEN_MAX_DRAFTERS];                              /* the class of its latest guesses */
     double propose_s[GEN_MAX_DRAFTERS];
     int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
+    drafter *const *dr;               /* the request's drafters (their cost estimates) */
+    int n_seq, remaining;             /* this step's sequence length, and the tokens still wanted */
     int turn;                          /* the next drafter to warm up */
     int probe_turn;                    /* the next drafter to probe */
     int since_probe, probe_every;
@@ -35,6 +37,9 @@ static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
 /* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
  * step, and its guesses are verified when their class pays (a plain pass when none come) */
 static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.5;
+/* before its first ask, a drafter that can say what an ask costs (draft.h: cost) is judged as a good
+ * drafter would be: this share of its guesses kept, position after position */
+static const double ACC_GOOD = 0.8;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
@@ -93,13 +98,34 @@ static int best_k(const econ *e, int d, int c, int kmax, double extra, double *r
     return best;
 }
 
+/* Before drafter d's first ask, from its own estimate of the cost: would a good drafter (ACC_GOOD)
+ * win back more than that first ask's catch-up (a model drafter prefilling the prompt) over the
+ * tokens still wanted, for some k? */
+static int first_ask_pays(const econ *e, int d, int kmax)
+{
+    drafter *dr = e->dr[d];
+    /* its estimate is in the target's passes from RAM: the reads a pass waits on are the target's */
+    double p1 = pass_cost(e, 1), compute = p1 * (1 - e->io_frac);
+    for (int k = 1; k <= kmax; k++) {
+        double once, step = dr->cost(dr, e->n_seq, k, &once);
+        double E = 0, run = 1;
+        for (int j = 0; j <= k; j++, run *= ACC_GOOD)
+            E += run;
+        double per_token = (pass_cost(e, k + 1) + step * compute) / E;
+        if (per_token < p1 && (p1 - per_token) * e->remaining > once * compute)
+            return 1;
+    }
+    return 0;
+}
+
 /* Whether drafter d could pay at all: even if every guess were kept, does some k beat a plain
- * pass, its proposing costing what it did? Unknown (yes) before it was asked. A drafter that
- * cannot is neither warmed up nor probed: its asks are pure cost. */
+ * pass, its proposing costing what it did? Before it was asked: its own estimate when it gives one
+ * (first_ask_pays), else yes. A drafter that cannot is neither warmed up nor probed: its asks are
+ * pure cost. */
 static int can_pay(const econ *e, int d, int kmax)
 {
     if (e->asked[d] == 0)
-        return 1;
+        return e->dr[d]->cost ? first_ask_pays(e, d, kmax) : 1;
     double plain = 1.0 / pass_cost(e, 1);
     for (int k = 1; k <= kmax; k++)
         if ((k + 1) / (pass_cost(e, k + 1) + e->propose_s[d]) > plain)
@@ -125,6 +151,8 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
     double best = 1.0 / pass_cost(e, 1);
     for (int d = 0; d < nd; d++) {
         double r;
+        if (!can_pay(e, d, kmax)) /* (before its first ask, its propose_s is not known yet) */
+            continue;
         int k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], &r);
         if (k > 0 && r > best) {
             best = r;
@@ -246,6 +274,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     int seq_cap = 0, seq_have = 0, rc = 0;
     econ ec;
     memset(&ec, 0, sizeof ec);
+    ec.dr = rq->drafters;
     const struct store *sto = s->e->store;
     const hparams *hp = s->hp;
     for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++) { /* experts a pass of T positions reads, uniform routing */
@@ -277,6 +306,8 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             d = (int)(st->passes % (uint64_t)nd);
             k = kmax;
         } else {
+            ec.n_seq = session_len(s) + 1;
+            ec.remaining = rq->max_new - st->n_gen;
             choose(&ec, nd, kmax, &d, &k, &probe);
             warm = d >= 0 && ec.guessed[d] < ECON_WARMUP;
         }
@@ -303,6 +334,10 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             memcpy(seq + seq_have, session_tokens(s) + seq_have, sizeof *seq * (size_t)(n - 1 - seq_have));
             seq_have = n - 1;
             seq[n - 1] = anchor;
+            double once = 0; /* a first ask's catch-up (by its estimate) is not what later asks cost */
+            if (ec.asked[d] == 0 && rq->drafters[d]->cost)
+                rq->drafters[d]->cost(rq->drafters[d], n, k, &once);
+            once *= pass_cost(&ec, 1) * (1 - ec.io_frac);
             double tp = timer_now();
             rq->drafters[d]->cls = 0;
             m = rq->drafters[d]->propose(rq->drafters[d], seq, n, k, drafts + 1, &q, err);
@@ -311,7 +346,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
                 rc = -1;
                 break;
             }
-            ema(&ec.propose_s[d], dt);
+            ema(&ec.propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
             st->draft[d].propose_s += dt;
             ec.asked[d]++;
             ec.guessed[d] += m > 0;

@@ -69,6 +69,7 @@ typedef struct dspark {
     int npend;
     arena ar;                    /* scratch of one step */
     float *U;                    /* [K][V] */
+    double cost_ask;             /* an ask's estimated cost in plain target passes (draft.h: cost) */
 } dspark;
 
 static int cfg_int_of(const json_t *c, const char *key, int *out, const char *where, errbuf *err)
@@ -310,6 +311,15 @@ out:
     return rc;
 }
 
+/* whatever k, a block; its context rows are made from taps the target's passes hand over */
+static double ds_cost(drafter *d, int n, int k, double *once)
+{
+    (void)n;
+    (void)k;
+    *once = 0;
+    return ((const dspark *)d)->cost_ask;
+}
+
 static int ds_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out, const float **q, errbuf *err)
 {
     *q = NULL;
@@ -500,7 +510,15 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
     size_t cols = x->m.max_cols > (size_t)x->ntaps * x->Ht ? x->m.max_cols : (size_t)x->ntaps * x->Ht;
     if (pool_reserve(x->e->pool, kern_scratch_floats(cols) * sizeof(float), err) != 0)
         goto out;
+    /* a block runs its K positions through its weights and the target's lm_head (BF16 taken), what
+     * a plain target pass runs one position through */
+    double own = 0;
+    for (int i = 0; i < x->m.n_bind; i++)
+        own += (double)x->m.bind[i].len;
+    const hparams *th = engine_hparams(c->target);
+    x->cost_ask = (double)K * (own + 2.0 * th->vocab * th->hidden) / (double)(engine_active_bytes(c->target) + 1);
     x->d = (drafter){.name = "dspark",
+                     .cost = ds_cost,
                      .propose = ds_propose,
                      .feedback = ds_feedback,
                      .taps = x->taps,

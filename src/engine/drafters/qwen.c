@@ -216,6 +216,17 @@ static int qw_begin(drafter *d, const json_t *messages, int thinking, errbuf *er
     return 0;
 }
 
+/* Its model's weights a position uses against the target's: a guess costs that share of a plain
+ * target pass, and catching up with the tokens it has not seen the same per token. */
+static double qw_cost(drafter *d, int n, int k, double *once)
+{
+    qwen *q = (qwen *)d;
+    double r = (double)engine_active_bytes(q->qe) / (double)(engine_active_bytes(q->target) + 1);
+    int seen = q->enc_base + (int)q->cov.n, unseen = n > seen ? n - seen : 0;
+    *once = r * (unseen + (q->chat_mode && session_len(q->qs) == 0 ? (int)q->chat.n : 0));
+    return r * (k + QW_EXTRA);
+}
+
 static void qw_free(drafter *d)
 {
     qwen *q = (qwen *)d;
@@ -267,7 +278,7 @@ int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *e
     if (session_new(q->qe, &so, &q->qs, err) != 0)
         goto out;
     q->d = (drafter){.name = "qwen", .propose = qw_propose, .feedback = qw_feedback, .reset = qw_reset, .free = qw_free,
-                       .begin = qw_begin};
+                       .begin = qw_begin, .cost = qw_cost};
     *out = &q->d;
     rc = 0;
 out:
