@@ -65,6 +65,7 @@ struct store {
                            any of them may be the one read) */
     uint8_t *bad_copy;  /* [nblobs] bit c: a read of copy c failed or mismatched: reads avoid it */
     uint32_t *heat;  /* [nblobs] routing counts */
+    XXH3_state_t *sum; /* a streamed blob's check (cfg.fetch): made at open, so a pass allocates nothing */
     layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot's image */
     int *spine_bound;  /* [ns] the blob spine_L[k - nx] is bound to (-1: none yet): bound once a load */
     int spine_pf_after; /* a layer whose next streamed spines are still to be read ahead, or -1 */
@@ -322,14 +323,12 @@ static void landed(store *s, int k, int ok)
     uint64_t want;
     if (!sl->bad && s->cfg.verify && x->ncopies == 0 && s->cfg.fetch && !(s->verified[b] & 1) &&
         s->cfg.fetch->sum(s->cfg.fetch->ctx, b, &want)) { /* a streamed blob: the sum of its fetch */
-        XXH3_state_t *h = XXH3_createState();
-        XXH3_64bits_reset(h);
+        XXH3_64bits_reset(s->sum);
         for (int i = 0; i < x->nparts; i++) {
             const blob_part *pt = &s->bt.part[x->first_part + i];
-            XXH3_64bits_update(h, slot_mem(s, k) + pt->off, pt->len);
+            XXH3_64bits_update(s->sum, slot_mem(s, k) + pt->off, pt->len);
         }
-        sl->got = XXH3_64bits_digest(h);
-        XXH3_freeState(h);
+        sl->got = XXH3_64bits_digest(s->sum);
         if (sl->got != want)
             sl->bad = BAD_SUM;
         else
@@ -831,8 +830,10 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
         memset(mem, 0, s->mem_bytes);
         s->mem = mem;
     }
+    if (s->cfg.fetch)
+        s->sum = XXH3_createState();
     if (!s->sl || !s->spine_L || !s->spine_bound || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->read_pass ||
-        !s->reads_in_pass || !s->ids || !s->items_blob || !s->items_state || !s->mem) {
+        !s->reads_in_pass || !s->ids || !s->items_blob || !s->items_state || !s->mem || (s->cfg.fetch && !s->sum)) {
         store_free(s);
         return errbuf_set(err, "store: out of memory for %d expert and %d spine slots", s->nx, s->ns);
     }
@@ -920,6 +921,7 @@ void store_free(store *s)
     free(s->spine_bound);
     free(s->blob_slot);
     free(s->verified);
+    XXH3_freeState(s->sum);
     free(s->bad_copy);
     free(s->heat);
     free(s->read_pass);
