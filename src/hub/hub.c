@@ -477,6 +477,35 @@ int hub_repo_load(const char *path, hub_repo *out, errbuf *err)
 
 /* ---- a blocking GET of a small answer (the API), with redirects and retries ---- */
 
+/* One request from start_url on c, redirects followed (Authorization kept only while on the
+ * endpoint's origin); before each hop, prepare(c, ctx) sets what the request adds (its range, its
+ * write function) and resets what it collects. Returns curl's code of the last hop, with a the
+ * last answer's headers; -1 (err) after more than HUB_MAX_REDIRECTS hops. */
+static int request_follow(hub *h, CURL *c, const char *start_url, answer *a, void (*prepare)(CURL *c, void *ctx),
+                          void *ctx, const char *what, CURLcode *cc, errbuf *err)
+{
+    char url[HUB_URL_MAX], host[600];
+    snprintf(url, sizeof url, "%s", start_url);
+    int auth = 1;
+    for (int hops = 0;; hops++) {
+        answer_reset(a);
+        curl_easy_reset(c);
+        struct curl_slist *hd = easy_setup(h, c, url, auth, a);
+        prepare(c, ctx);
+        *cc = curl_easy_perform(c);
+        curl_slist_free_all(hd);
+        char *loc = NULL;
+        if (*cc != CURLE_OK || a->status < 300 || a->status >= 400 ||
+            curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &loc) != CURLE_OK || !loc)
+            return 0;
+        if (hops >= HUB_MAX_REDIRECTS)
+            return errbuf_set(err, "%s: more than %d redirects", what, HUB_MAX_REDIRECTS);
+        snprintf(url, sizeof url, "%s", loc);
+        url_host(url, host, sizeof host);
+        auth = auth && !strcmp(host, h->host);
+    }
+}
+
 typedef struct membuf {
     char *p;
     size_t n, cap;
@@ -507,6 +536,14 @@ static size_t on_mem(char *buf, size_t size, size_t n, void *user)
     return len;
 }
 
+static void prepare_mem(CURL *c, void *ctx)
+{
+    membuf *m = ctx;
+    m->n = 0;
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_mem);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, m);
+}
+
 static int hub_get_small(hub *h, const char *start_url, const char *what, membuf *m, errbuf *err)
 {
     answer a;
@@ -514,35 +551,11 @@ static int hub_get_small(hub *h, const char *start_url, const char *what, membuf
     CURL *c = curl_easy_init();
     if (!c)
         return errbuf_set(err, "libcurl: cannot create a handle");
-    char url[HUB_URL_MAX], host[600];
     int rc = -1;
     for (int attempt = 0;; attempt++) {
-        snprintf(url, sizeof url, "%s", start_url);
-        int auth = 1, redirects = 0;
         CURLcode cc;
-        for (;;) {
-            answer_reset(&a);
-            m->n = 0;
-            curl_easy_reset(c);
-            struct curl_slist *hd = easy_setup(h, c, url, auth, &a);
-            curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_mem);
-            curl_easy_setopt(c, CURLOPT_WRITEDATA, m);
-            cc = curl_easy_perform(c);
-            curl_slist_free_all(hd);
-            char *loc = NULL;
-            if (cc == CURLE_OK && a.status >= 300 && a.status < 400 &&
-                curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc) {
-                if (++redirects > HUB_MAX_REDIRECTS) {
-                    errbuf_set(err, "%s: more than %d redirects", what, HUB_MAX_REDIRECTS);
-                    goto done;
-                }
-                snprintf(url, sizeof url, "%s", loc);
-                url_host(url, host, sizeof host);
-                auth = auth && !strcmp(host, h->host);
-                continue;
-            }
-            break;
-        }
+        if (request_follow(h, c, start_url, &a, prepare_mem, m, what, &cc, err))
+            goto done;
         if (cc == CURLE_OK && a.status == 200) {
             rc = 0;
             goto done;
@@ -605,7 +618,19 @@ typedef struct window {
     uint64_t got;      /* bytes of the window filled */
     unsigned char *buf;
     int bad;           /* a 206 at another offset */
+    char range[64];    /* CURLOPT_RANGE */
 } window;
+
+static size_t on_window(char *p, size_t size, size_t n, void *user);
+static void prepare_window(CURL *c, void *ctx)
+{
+    window *w = ctx;
+    w->got = 0;
+    w->bad = 0;
+    curl_easy_setopt(c, CURLOPT_RANGE, w->range);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_window);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, w);
+}
 
 static size_t on_window(char *p, size_t size, size_t n, void *user)
 {
@@ -641,7 +666,7 @@ static size_t on_window(char *p, size_t size, size_t n, void *user)
 int hub_range_get(hub *h, const char *repo, const char *commit, const char *path, uint64_t off, uint64_t len, void *buf,
                   errbuf *err)
 {
-    char what[2048], start[HUB_URL_MAX], url[HUB_URL_MAX], host[600], range[64];
+    char what[2048], start[HUB_URL_MAX];
     snprintf(what, sizeof what, "%s@%.12s: %s bytes %llu-%llu", repo, commit, path, (unsigned long long)off,
              (unsigned long long)(off + len - 1));
     if (h->o.offline)
@@ -655,37 +680,12 @@ int hub_range_get(hub *h, const char *repo, const char *commit, const char *path
     CURL *c = h->ranges;
     answer a;
     window w = {.a = &a, .off = off, .len = len, .buf = buf};
-    snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
+    snprintf(w.range, sizeof w.range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
     int rc = -1;
     for (int attempt = 0;; attempt++) {
-        snprintf(url, sizeof url, "%s", start);
-        int auth = 1, redirects = 0;
         CURLcode cc;
-        for (;;) {
-            answer_reset(&a);
-            w.got = 0;
-            w.bad = 0;
-            curl_easy_reset(c);
-            struct curl_slist *hd = easy_setup(h, c, url, auth, &a);
-            curl_easy_setopt(c, CURLOPT_RANGE, range);
-            curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_window);
-            curl_easy_setopt(c, CURLOPT_WRITEDATA, &w);
-            cc = curl_easy_perform(c);
-            curl_slist_free_all(hd);
-            char *loc = NULL;
-            if (cc == CURLE_OK && a.status >= 300 && a.status < 400 &&
-                curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc) {
-                if (++redirects > HUB_MAX_REDIRECTS) {
-                    errbuf_set(err, "%s: more than %d redirects", what, HUB_MAX_REDIRECTS);
-                    goto done;
-                }
-                snprintf(url, sizeof url, "%s", loc);
-                url_host(url, host, sizeof host);
-                auth = auth && !strcmp(host, h->host);
-                continue;
-            }
-            break;
-        }
+        if (request_follow(h, c, start, &a, prepare_window, &w, what, &cc, err))
+            goto done;
         if (w.got == len && (a.status == 200 || a.status == 206)) { /* a full window (a 200 cut short) */
             rc = 0;
             goto done;
