@@ -23,42 +23,17 @@ ROOT=$(cd "$HERE/../../.." && pwd)
 mkdir -p "$1" || exit 1
 BUILD=$(cd "$1" && pwd)
 NODEDIR="$BUILD/hub-node"
+SUITE="hub npm tests"
+# shellcheck source=tests/node_lib.sh
+. "$HERE/../../node_lib.sh"
 MODEL="$ROOT/models/default-qwen3-drafter"
 TOKEN=hf_testhubtoken
 
-fail_out() { # one FAIL line and the summary, then exit 1
-    echo "FAIL hub npm tests: $*"
-    echo "0 passed, 1 failed"
-    exit 1
-}
-tail_of() { # the last lines of a file, on one line
-    tail -n "${2:-5}" "$1" 2>/dev/null | tr '\n' ' ' | sed 's/  */ /g; s/ $//'
-}
-
-command -v node >/dev/null || fail_out "node is not installed"
-command -v npm >/dev/null || fail_out "npm is not installed"
 command -v python3 >/dev/null || fail_out "python3 is not installed"
 [ -f "$MODEL/model.safetensors" ] && [ -f "$MODEL/config.json" ] || fail_out "$MODEL is missing its files"
 
 # ---- the packages, cached in the build folder ----
-mkdir -p "$NODEDIR" || fail_out "cannot create $NODEDIR"
-want=$(cat "$HERE/package.json" "$HERE/package-lock.json" | sha256sum | cut -d' ' -f1)
-if [ -d "$NODEDIR/node_modules" ] && [ "$(cat "$NODEDIR/.installed" 2>/dev/null)" = "$want" ] &&
-    cmp -s "$HERE/package-lock.json" "$NODEDIR/package-lock.json"; then
-    : # installed from this very lock file
-else
-    rm -f "$NODEDIR/.installed"
-    cp "$HERE/package.json" "$HERE/package-lock.json" "$NODEDIR/" || fail_out "cannot copy the package files to $NODEDIR"
-    if ! (cd "$NODEDIR" && npm ci --no-audit --no-fund) >"$NODEDIR/npm.log" 2>&1; then
-        # the error's code and message lines say what happened; npm's advice after them does not
-        why=$(grep -E '^npm error (code|errno|network|syscall|[0-9]{3}|request|notarget|404)' "$NODEDIR/npm.log" | head -n 4)
-        [ -n "$why" ] || why=$(grep -v EBADENGINE "$NODEDIR/npm.log" | tail -n 5)
-        echo "FAIL hub npm tests: npm ci failed: $(printf '%s\n' "$why" | tr '\n' ' ' | sed 's/  */ /g; s/ $//') (log: $NODEDIR/npm.log)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-    echo "$want" >"$NODEDIR/.installed"
-fi
+node_install "$HERE"
 cp "$HERE/hub.test.mjs" "$NODEDIR/" || fail_out "cannot copy the test to $NODEDIR"
 
 # ---- the test repo and the hub ----
@@ -111,25 +86,6 @@ done
 # ---- the test ----
 PASSED=0
 FAILED=0
-run_test() { # NAME TIMEOUT ARGS...: its check lines, its counts added to the totals
-    local name=$1 limit=$2 out rc summary
-    shift 2
-    out=$(cd "$NODEDIR" && timeout -k 10 "$limit" node "$@" 2>&1)
-    rc=$?
-    printf '%s\n' "$out" | grep -E '^(ok   |FAIL )'
-    summary=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-    if [ -n "$summary" ]; then
-        PASSED=$((PASSED + ${summary%% passed*}))
-        local f=${summary#*passed, }
-        FAILED=$((FAILED + ${f%% failed}))
-    fi
-    if [ -z "$summary" ] || { [ "$rc" -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; }; then
-        local why="exit status $rc"
-        [ "$rc" -eq 124 ] && why="timed out after $limit s"
-        echo "FAIL $name: $why: $(printf '%s\n' "$out" | grep -vE '^(ok   |FAIL |[0-9]+ passed, [0-9]+ failed$)' | tail -n 5 | tr '\n' ' ' | sed 's/  */ /g; s/ $//')"
-        FAILED=$((FAILED + 1))
-    fi
-}
 
 run_test hub.test.mjs 120 hub.test.mjs "$URL" test/drafter "$REPO" test/gated "$TOKEN"
 
