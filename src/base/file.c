@@ -252,3 +252,32 @@ int file_relpath(const char *from, const char *to, char *out, size_t cap)
     int w = snprintf(out + n, cap - n, "%s", rest);
     return w < 0 || (size_t)w >= cap - n ? -1 : 0;
 }
+
+int file_mkdirs(const char *dir, errbuf *err)
+{
+    char d[4096];
+    if ((size_t)snprintf(d, sizeof d, "%s", dir) >= sizeof d)
+        return errbuf_set(err, "%.200s...: the path is too long", dir);
+    for (char *p = d + 1;; p++) {
+        if (*p != '/' && *p)
+            continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(d, 0755) && errno != EEXIST)
+            return errbuf_errno(err, d);
+        if (!(*p = c))
+            return 0;
+    }
+}
+
+int file_mkdirs_for(const char *path, errbuf *err)
+{
+    char d[4096];
+    if ((size_t)snprintf(d, sizeof d, "%s", path) >= sizeof d)
+        return errbuf_set(err, "%.200s...: the path is too long", path);
+    char *sl = strrchr(d, '/');
+    if (!sl || sl == d)
+        return 0;
+    *sl = 0;
+    return file_mkdirs(d, err);
+}

@@ -48,5 +48,9 @@ int file_exists(const char *path);
  * components, as realpath gives them), e.g. "../drive1/x.pack". -1 if it does not fit. */
 int file_relpath(const char *from, const char *to, char *out, size_t cap);
 int file_is_dir(const char *path);
+/* Creates dir and the folders above it that are missing (mkdir -p); file_mkdirs_for: the folders
+ * above path (its parent and up). */
+int file_mkdirs(const char *dir, errbuf *err);
+int file_mkdirs_for(const char *path, errbuf *err);
 
 #endif

@@ -89,35 +89,6 @@ static void repo_slug(const char *repo, char *out, size_t cap)
     }
 }
 
-static int mkdir_p(const char *dir, errbuf *err)
-{
-    char d[4096];
-    snprintf(d, sizeof d, "%s", dir);
-    for (char *p = d + 1;; p++) {
-        if (*p == '/' || !*p) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(d, 0755) && errno != EEXIST)
-                return errbuf_errno(err, d);
-            if (!(*p = c))
-                break;
-        }
-    }
-    return 0;
-}
-
-/* Creates the folders above path. */
-static int mkdirs_of(const char *path, errbuf *err)
-{
-    char d[4096];
-    snprintf(d, sizeof d, "%s", path);
-    char *sl = strrchr(d, '/');
-    if (!sl)
-        return 0;
-    *sl = 0;
-    return mkdir_p(d, err);
-}
-
 /* A folder holds one repo at one commit: DIR/.hub-commit says which ("OWNER/NAME@COMMIT"), written
  * before the first byte goes in. A folder of another commit is refused, never mixed (a file of the
  * right size would count as verified). */
@@ -128,7 +99,7 @@ static int folder_claim(const char *dir, const hub_repo *r, errbuf *err)
     size_t len;
     snprintf(path, sizeof path, "%s/%s", dir, CLAIM_FILE);
     snprintf(want, sizeof want, "%s@%s\n", r->name, r->commit);
-    if (mkdir_p(dir, err))
+    if (file_mkdirs(dir, err))
         return -1;
     if (file_exists(path)) {
         if (file_read_all(path, &have, &len, err))
@@ -171,7 +142,7 @@ static int repo_get(setup_ctx *c, const char *repo, const char *rev, int force, 
     if (c->dry_run)
         return 0;
     snprintf(slug, sizeof slug, "%s/hub", c->root);
-    if (mkdir_p(slug, err) || hub_repo_save(r, path, err)) {
+    if (file_mkdirs(slug, err) || hub_repo_save(r, path, err)) {
         hub_repo_free(r);
         return -1;
     }
@@ -586,7 +557,7 @@ static int stream_shard_header(setup_ctx *c, const hub_repo *r, const hub_file *
     memcpy(hdr, le, 8);
     int rc = hub_range_get(c->h, r->name, r->commit, f->path, 8, n, hdr + 8, err);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    if (!rc && mkdirs_of(path, err))
+    if (!rc && file_mkdirs_for(path, err))
         rc = -1;
     int fd = rc ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (!rc && (fd < 0 || ftruncate(fd, (off_t)f->size) || file_pwrite_full(fd, hdr, (size_t)n + 8, 0) || fsync(fd)))
@@ -955,7 +926,7 @@ static int setup_main(int argc, char **argv, int qwen_only)
         hub_opts_default(&c.ho);
         hub_opts_from_env(&c.ho);
         c.ho.parallel = (int)parallel;
-        if (!c.dry_run && mkdir_p(c.root, &err))
+        if (!c.dry_run && file_mkdirs(c.root, &err))
             return cli_fail(cmd, &err);
         char abs[4096];
         if (realpath(c.root, abs)) /* install.json names absolute paths */

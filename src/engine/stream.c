@@ -383,8 +383,6 @@ static int fetch_range(stream *s, int i, uint64_t off, uint64_t len, XXH3_state_
     return 0;
 }
 
-static int sha256_file(int fd, uint64_t size, unsigned char *buf, char hex[65]);
-
 /* Every blob of shard i is present: fetch the bytes no blob holds (its header again, tensors the
  * text model does not use), then hash the whole file against the hub's sha256. 0: verified; 1: it
  * does not match (err says so; everything recorded of the shard is forgotten, to be fetched again);
@@ -423,7 +421,7 @@ static int shard_complete(stream *s, int i, unsigned char *buf, errbuf *err)
         rc = wfd < 0 ? -1 : errbuf_errno(err, path);
     char hex[65], line[1200];
     int rfd = rc == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-    if (rc == 0 && (rfd < 0 || sha256_file(rfd, x->size, buf, hex)))
+    if (rc == 0 && (rfd < 0 || hub_sha256_file(rfd, x->size, hex)))
         rc = errbuf_errno(err, path);
     if (rfd >= 0)
         close(rfd);
@@ -537,26 +535,6 @@ void stream_counts_get(const stream *s, stream_counts *out)
         out->shards_verified += s->sh[i].verified;
 }
 
-static int sha256_file(int fd, uint64_t size, unsigned char *buf, char hex[65])
-{
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    int rc = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? 0 : -1;
-    for (uint64_t off = 0; rc == 0 && off < size;) {
-        size_t k = size - off < STREAM_PIECE ? (size_t)(size - off) : (size_t)STREAM_PIECE;
-        if (file_pread_full(fd, buf, k, off) || !EVP_DigestUpdate(md, buf, k))
-            rc = -1;
-        off += k;
-    }
-    unsigned char d[32];
-    unsigned dl = 0;
-    if (rc == 0 && !EVP_DigestFinal_ex(md, d, &dl))
-        rc = -1;
-    EVP_MD_CTX_free(md);
-    for (int k = 0; rc == 0 && k < 32; k++)
-        snprintf(hex + 2 * k, 3, "%02x", d[k]);
-    return rc;
-}
-
 int stream_check(const stream *s, errbuf *err)
 {
     unsigned char *buf = malloc((size_t)STREAM_PIECE);
@@ -595,7 +573,7 @@ int stream_check(const stream *s, errbuf *err)
     char hex[65];
     for (int i = 0; i < s->nsh && rc == 0; i++)
         if (s->sh[i].verified) {
-            if (sha256_file(fd[i], s->sh[i].size, buf, hex))
+            if (hub_sha256_file(fd[i], s->sh[i].size, hex))
                 rc = errbuf_errno(err, s->m->st.files[i].path);
             else if (strcmp(hex, s->sh[i].sha256))
                 rc = errbuf_set(err, "%s: its sha256 is no longer the hub's (%s@%.12s)", s->m->st.files[i].path,

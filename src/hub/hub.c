@@ -757,6 +757,19 @@ static int md_file(EVP_MD_CTX *md, int fd, uint64_t len)
     return rc;
 }
 
+int hub_sha256_file(int fd, uint64_t size, char hex[65])
+{
+    hub_file f = {.size = size, .sha256 = "x"}; /* any sha256: md_start then hashes plain bytes */
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    int rc = md && md_start(md, &f) == 0 && md_file(md, fd, size) == 0 && EVP_DigestFinal_ex(md, d, &dl) ? 0 : -1;
+    EVP_MD_CTX_free(md);
+    for (unsigned i = 0; rc == 0 && i < dl; i++)
+        snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    return rc;
+}
+
 int hub_verify(const hub_repo *r, const char *dir, errbuf *err)
 {
     EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -878,21 +891,6 @@ static size_t on_body(char *buf, size_t size, size_t n, void *user)
     return len;
 }
 
-static int mkdirs_for(const char *path, errbuf *err)
-{
-    char d[HUB_PATH_MAX];
-    snprintf(d, sizeof d, "%s", path);
-    for (char *p = d + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(d, 0755) && errno != EEXIST)
-            return errbuf_errno(err, d);
-        *p = '/';
-    }
-    return 0;
-}
-
 /* Opens the part file (resuming what it holds) or finds the file already in place. */
 static int job_open(job *j, errbuf *err)
 {
@@ -905,7 +903,7 @@ static int job_open(job *j, errbuf *err)
     }
     if (j->h->o.offline)
         return errbuf_set(err, "%s: not downloaded yet, and HF_HUB_OFFLINE is set", j->final);
-    if (mkdirs_for(j->final, err))
+    if (file_mkdirs_for(j->final, err))
         return -1;
     j->fd = open(j->part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (j->fd < 0 || fstat(j->fd, &sb))

@@ -94,6 +94,9 @@ int hub_download(hub *h, const hub_repo *r, const int *which, int n, const char 
 int hub_range_get(hub *h, const char *repo, const char *commit, const char *path, uint64_t off, uint64_t len, void *buf,
                   errbuf *err);
 
+/* The sha256 of fd's first size bytes as lowercase hex: 0, or -1 with errno set. */
+int hub_sha256_file(int fd, uint64_t size, char hex[65]);
+
 /* Checks dir/PATH of every file of r against r's size and hash, offline. Returns 0 when all are
  * present and right; otherwise -1 with err naming the first that is not. */
 int hub_verify(const hub_repo *r, const char *dir, errbuf *err);
