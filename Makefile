@@ -28,7 +28,7 @@ FLAGS_kern_avx2   := -mavx2 -mfma -mf16c
 FLAGS_kern_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 endif
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/engine/drafters/*.c src/hub/*.c src/store/*.c src/tokenizer/*.c src/server/*.c))
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/*.c src/model/*.c src/engine/*.c src/engine/drafters/*.c src/backend/*.c src/hub/*.c src/store/*.c src/tokenizer/*.c src/server/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))

@@ -58,12 +58,16 @@ static engine *engine_alloc(const engine_opts *o, errbuf *err)
         errbuf_set(err, "--kernels %s: not available on this CPU or build", o->kernels);
         return NULL;
     }
+    const backend_ops *be = backend_select(o->device, err);
+    if (!be)
+        return NULL;
     engine *e = calloc(1, sizeof *e);
     if (!e) {
         errbuf_set(err, "engine: out of memory");
         return NULL;
     }
     e->k = k;
+    e->be = be;
     atomic_init(&e->busy, 0);
     atomic_init(&e->sessions, 0);
     return e;

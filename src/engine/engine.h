@@ -59,6 +59,7 @@ typedef struct engine_opts {
     int min_cache;         /* stream with the least cache: the spine and two experts */
     int threads;           /* 0: every CPU this process may run on */
     const char *kernels;   /* "auto" (or NULL), "scalar", "avx2", "avx512", "neon" */
+    const char *device;    /* where passes run (backend.h): "cpu" (or NULL); "cuda[:N]" in a CUDA build */
     const struct hub_opts *hub; /* where a streamed install (setup --stream) fetches the experts it
                               does not hold yet; NULL: offline (such an expert is an error) */
     engine *pool_of;       /* run on this engine's threads (a drafter model beside its target: one
@@ -68,7 +69,7 @@ typedef struct engine_opts {
 void engine_opts_default(engine_opts *o);
 /* Consumes argv[*i] (and its value, advancing *i) when it is one of the options above:
  * --model, --ram-budget, --drives, --emulate-drives, --io, --prefetch, --no-verify, --threads,
- * --kernels. Returns 1 when consumed, 0 when it is not an engine option, -1 when its value is
+ * --kernels, --device. Returns 1 when consumed, 0 when it is not an engine option, -1 when its value is
  * bad or missing (err names the option). */
 int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err);
 extern const char ENGINE_OPTS_HELP[];
@@ -82,7 +83,7 @@ struct stream *engine_stream(engine *e);
 int engine_default_model(char *out, size_t cap, errbuf *err);
 /* An engine over a model and weight store the caller loaded and keeps (tests and tools that
  * assemble unusual stores): m and st (NULL: every weight resident) are borrowed and must outlive
- * the engine; of o only threads and kernels are used. */
+ * the engine; of o only threads, kernels and device are used. */
 int engine_wrap(const model *m, struct store *st, const engine_opts *o, engine **out, errbuf *err);
 /* Every session must have been freed. Saves the routing counts of a store (heat file). */
 void engine_free(engine *e);

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 
 #include "base/arena.h"
+#include "backend/backend.h"
 #include "base/pool.h"
 #include "engine/engine.h"
 #include "kernels/kern.h"
@@ -47,6 +48,7 @@ struct engine {
     pool *pool;
     int own_pool;           /* 0: borrowed from engine_opts.pool_of */
     const kern_ops *k;
+    const backend_ops *be;  /* where passes run (backend.h) */
     tok *tk;                /* loaded on first use */
     int dfsp, spine_int8;
     atomic_int sessions;    /* alive; engine_free asserts none */

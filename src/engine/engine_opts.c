@@ -6,11 +6,12 @@
 #include "store/store.h"
 
 const char ENGINE_OPTS_HELP[] =
-    "model: [--model DIR] [--threads N] [--kernels auto|scalar|avx2|avx512|neon]\n"
+    "model: [--model DIR] [--threads N] [--kernels auto|scalar|avx2|avx512|neon] [--device cpu|cuda[:N]]\n"
     "weight store: [--ram-budget BYTES] [--drives DIR,...] [--emulate-drives MBps:lat_us,...]\n"
     "              [--prefetch on|off] [--io uring|pread] [--no-verify]\n"
     "  --model takes a Hugging Face folder or a DFSP store (deltafin prepare); without it the bundled\n"
-    "  default model runs. --kernels pins the instruction set (the logits are the same bits).\n"
+    "  default model runs. --kernels pins the instruction set (the logits are the same bits). --device\n"
+    "  picks where passes run: cpu (the GPU has its kernels, not yet whole passes).\n"
     "  --ram-budget (e.g. 8G) bounds the RAM for weights: the globals and as many layer spines as fit\n"
     "  stay resident, the other layers' spines stream through two slots, experts through a cache of\n"
     "  what is left. Without it, everything stays mapped when it fits in 80% of physical memory.\n";
@@ -25,7 +26,8 @@ void engine_opts_default(engine_opts *o)
 int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err)
 {
     static const char *const names[] = {"--model",   "--ram-budget", "--drives",  "--emulate-drives",
-                                        "--prefetch", "--io",        "--threads", "--kernels"};
+                                        "--prefetch", "--io",        "--threads", "--kernels",
+                                        "--device"};
     if (!strcmp(argv[*i], "--no-verify")) {
         o->verify = 0;
         return 1;
@@ -64,8 +66,11 @@ int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err
             return -1;
         o->threads = (int)n;
         break;
-    default:
+    case 7:
         o->kernels = v;
+        break;
+    default:
+        o->device = v;
     }
     return 1;
 }

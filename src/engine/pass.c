@@ -8,6 +8,10 @@
  *   mix(stack + [prefix]); after the last layer h = mix(stack + [prefix]) before the final norm.
  * A tap of layer i is the prefix leaving it (K3) or the residual stream h after it (others):
  * exactly the values the next layer reads.
+ *
+ * Every computation goes through the engine's backend (backend.h): this file only wires blocks
+ * together, allocates their buffers from the pass arena (the backend's memory) and moves the
+ * stored layers in and out; it never touches an activation itself.
  */
 #include <math.h>
 #include <string.h>
@@ -79,49 +83,6 @@ size_t pass_thread_floats(const model *m, int context)
     return need + 64;
 }
 
-/* Each block's scratch is released when it returns: only its output survives. */
-static int run_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
-                    float *out)
-{
-    size_t mark = arena_mark(b->ar);
-    int rc;
-    switch (b->hp->attn_kind[i]) {
-    case ATTN_KDA:
-        rc = blk_kda(b, &L->kda, st, x, T, out);
-        break;
-    case ATTN_MLA:
-        rc = blk_mla(b, &L->mla, st, pos0, x, T, out);
-        break;
-    default:
-        rc = blk_gqa(b, &L->gqa, st, pos0, x, T, out);
-    }
-    arena_rewind(b->ar, mark);
-    return rc;
-}
-
-static int run_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
-{
-    size_t mark = arena_mark(b->ar);
-    int rc = b->hp->ffn_kind[i] == FFN_MOE ? blk_moe(b, i, &L->moe, x, T, out)
-                                           : blk_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
-    arena_rewind(b->ar, mark);
-    return rc;
-}
-
-/* AttnRes mix of stack[0..ns) and prefix, for each of T positions, into out. */
-static void mix_rows(const blk *b, float *const *stack, int ns, const float *prefix, const float *u, int T,
-                     float *out)
-{
-    int H = b->hp->hidden;
-    const float *src[MODEL_MAX_BLOCKS + 1]; /* blocks + the current stream (cfg_validate bounds them) */
-    for (int t = 0; t < T; t++) {
-        for (int j = 0; j < ns; j++)
-            src[j] = stack[j] + (size_t)t * H;
-        src[ns] = prefix + (size_t)t * H;
-        blk_attnres_mix(b, src, ns + 1, u, H, out + (size_t)t * H);
-    }
-}
-
 /* Router lookahead (the store's prefetch): before layer i's attention runs, its router is applied
  * to what its FFN input would be without that attention, the residual stream in (normed with
  * layer i's FFN norm into scratch x, which the layer overwrites before reading it). Only reads
@@ -133,10 +94,12 @@ static int guess_wanted(const blk *b, int i)
     return b->xs && b->xs->prefetch && i < b->hp->n_layers && b->hp->ffn_kind[i] == FFN_MOE;
 }
 
-static void guess_next(const blk *b, int i, const layer_w *L, const float *in, int T, float *x)
+static void guess_next(const backend_ops *be, const blk *b, int i, const layer_w *L, const float *in, int T, float *x)
 {
-    blk_rmsnorm(b, in, L->post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
-    blk_moe_guess(b, i, &L->moe, x, T);
+    if (!be->guess)
+        return;
+    be->rmsnorm(b, in, L->post_norm, T, b->hp->hidden, b->hp->rms_eps, x);
+    be->guess(b, i, L, x, T);
 }
 
 /* Layer i's weights for this pass: the model's own, or the weight source's (a streamed spine). */
@@ -156,12 +119,14 @@ static void layer_put(const blk *b, int i, const layer_w **L)
 }
 
 /* Copies the stream `v` [T][H] leaving layer i into every tap that asks for layer i. */
-static void tap_layer(int i, const float *v, int T, int H, const int *taps, int n_taps, float *tap_out)
+static void tap_layer(const backend_ops *be, const blk *b, int i, const float *v, int T, const int *taps, int n_taps,
+                      float *tap_out)
 {
+    int H = b->hp->hidden;
     for (int j = 0; j < n_taps; j++)
         if (taps[j] == i)
             for (int t = 0; t < T; t++)
-                memcpy(tap_out + ((size_t)t * n_taps + j) * H, v + (size_t)t * H, sizeof(float) * (size_t)H);
+                be->read(b, tap_out + ((size_t)t * n_taps + j) * H, v + (size_t)t * H, (size_t)H);
 }
 
 /* Points each layer's state at the session's buffers for this pass. */
@@ -191,6 +156,7 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
     int H = hp->hidden, pos0 = s->n;
     size_t mark = arena_mark(&s->ar);
     blk b = {m, hp, s->e->k, s->e->pool, &s->ar, err, s->e->xs};
+    const backend_ops *be = s->e->be;
     bind_states(s, logged);
     if (b.xs && b.xs->pass_begin)
         b.xs->pass_begin(b.xs->ctx, T);
@@ -200,12 +166,11 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
     int rc = -1, li = 0;
     if (!h || !x || !a)
         goto out;
-    for (int t = 0; t < T; t++)
-        s->e->k->decode_rows(&m->embed, tokens[t], tokens[t] + 1, h + (size_t)t * H);
+    be->embed(&b, tokens, T, h);
     if (layer_get(&b, 0, &L))
         goto out;
     if (guess_wanted(&b, 0)) /* layer 0's FFN input, less its attention: the embedding */
-        guess_next(&b, 0, L, h, T, x);
+        guess_next(be, &b, 0, L, h, T, x);
     if (hp->attnres_block > 0) {
         int ns = 0, B = hp->attnres_block;
         float *stack[MODEL_MAX_BLOCKS];
@@ -216,67 +181,63 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
         for (int i = 0; i < hp->n_layers; i++) {
             const float *in = prefix;
             if (ns > 0) {
-                mix_rows(&b, stack, ns, prefix, L->res_u[0], T, mixed);
+                be->mix(&b, stack, ns, prefix, L->res_u[0], T, mixed);
                 in = mixed;
             }
             int restart = i % B == 0;
             if (restart) { /* push the raw prefix; the running sum restarts below */
                 stack[ns] = stack_mem + (size_t)ns * TH;
-                memcpy(stack[ns++], prefix, TH * sizeof(float));
+                be->copy(&b, stack[ns++], prefix, TH);
             }
-            blk_rmsnorm(&b, in, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
+            be->rmsnorm(&b, in, L->in_norm, T, H, hp->rms_eps, x);
+            if (be->attn(&b, i, L, &s->L[i], pos0, x, T, a))
                 goto out;
             if (restart)
-                memcpy(prefix, a, TH * sizeof(float));
+                be->copy(&b, prefix, a, TH);
             else
-                for (size_t j = 0; j < TH; j++)
-                    prefix[j] += a[j];
-            mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
-            blk_rmsnorm(&b, mixed, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, L, x, T, a))
+                be->add(&b, prefix, a, TH);
+            be->mix(&b, stack, ns, prefix, L->res_u[1], T, mixed);
+            be->rmsnorm(&b, mixed, L->post_norm, T, H, hp->rms_eps, x);
+            if (be->ffn(&b, i, L, x, T, a))
                 goto out;
-            for (size_t j = 0; j < TH; j++)
-                prefix[j] += a[j];
-            tap_layer(i, prefix, T, H, taps, n_taps, tap_out);
+            be->add(&b, prefix, a, TH);
+            tap_layer(be, &b, i, prefix, T, taps, n_taps, tap_out);
             layer_put(&b, li, &L);
             if (i + 1 == hp->n_layers)
                 break;
             if (layer_get(&b, li = i + 1, &L))
                 goto out;
             if (guess_wanted(&b, i + 1)) { /* layer i+1's FFN input, less its attention */
-                mix_rows(&b, stack, ns, prefix, L->res_u[1], T, mixed);
-                guess_next(&b, i + 1, L, mixed, T, x);
+                be->mix(&b, stack, ns, prefix, L->res_u[1], T, mixed);
+                guess_next(be, &b, i + 1, L, mixed, T, x);
             }
         }
-        mix_rows(&b, stack, ns, prefix, m->out_res_u, T, x);
-        memcpy(h, x, TH * sizeof(float));
+        be->mix(&b, stack, ns, prefix, m->out_res_u, T, x);
+        be->copy(&b, h, x, TH);
     } else {
         for (int i = 0; i < hp->n_layers; i++) {
-            blk_rmsnorm(&b, h, L->in_norm, T, H, hp->rms_eps, x);
-            if (run_attn(&b, i, L, &s->L[i], pos0, x, T, a))
+            be->rmsnorm(&b, h, L->in_norm, T, H, hp->rms_eps, x);
+            if (be->attn(&b, i, L, &s->L[i], pos0, x, T, a))
                 goto out;
-            for (size_t j = 0; j < TH; j++)
-                h[j] += a[j];
-            blk_rmsnorm(&b, h, L->post_norm, T, H, hp->rms_eps, x);
-            if (run_ffn(&b, i, L, x, T, a))
+            be->add(&b, h, a, TH);
+            be->rmsnorm(&b, h, L->post_norm, T, H, hp->rms_eps, x);
+            if (be->ffn(&b, i, L, x, T, a))
                 goto out;
-            for (size_t j = 0; j < TH; j++)
-                h[j] += a[j];
-            tap_layer(i, h, T, H, taps, n_taps, tap_out);
+            be->add(&b, h, a, TH);
+            tap_layer(be, &b, i, h, T, taps, n_taps, tap_out);
             layer_put(&b, li, &L);
             if (i + 1 == hp->n_layers)
                 break;
             if (layer_get(&b, li = i + 1, &L))
                 goto out;
             if (guess_wanted(&b, i + 1))
-                guess_next(&b, i + 1, L, h, T, x);
+                guess_next(be, &b, i + 1, L, h, T, x);
         }
     }
     if (n_logits > 0) {
         int first = T - n_logits;
-        blk_rmsnorm(&b, h + (size_t)first * H, m->final_norm, n_logits, H, hp->rms_eps, x);
-        blk_matmul(&b, &m->lm_head, x, n_logits, s->lg);
+        be->rmsnorm(&b, h + (size_t)first * H, m->final_norm, n_logits, H, hp->rms_eps, x);
+        be->head(&b, &m->lm_head, x, n_logits, s->lg);
         for (int t = 0; t < n_logits; t++) { /* garbage in the weights is an error, not a token */
             const float *lg = s->lg + (size_t)t * hp->vocab;
             for (int v = 0; v < hp->vocab; v++)

@@ -1,0 +1,58 @@
+/* backend.h — the seam between a pass's layer loop (engine/pass.c) and the device that runs its
+ * blocks: the embedding, norms, attention blocks, feed-forward blocks (dense or MoE), the AttnRes
+ * mix, the residual adds and the head.
+ *
+ * A backend owns the memory its operations read and write: every float buffer the pass hands it
+ * (the residual stream, the normed input, block outputs, the AttnRes stack) comes from the pass
+ * arena, b->ar, which for a device backend is an arena over device memory; the layer states'
+ * caches and recurrent state are the backend's too. Only three things cross to the host: the token
+ * ids going in (embed), the logits coming out (head) and the taps a caller asked for (read).
+ *
+ * Exactness: every backend computes every value in kern.h's reduction orders and with kmath.h's
+ * element-wise functions, so that a pass's logits are the same bits on every backend (a backend
+ * that cannot make an operation bit-equal says so in kern.h, with why). The CPU backend
+ * (backend_cpu.c, the blk_* blocks over kern.h's tables) is the definition.
+ *
+ * Weights: each block takes its matrices from the layer_w it is given (the model's own, or a
+ * weight store's streamed copy, b->xs); a device backend maps them onto its own copies.
+ */
+#ifndef DF_BACKEND_BACKEND_H
+#define DF_BACKEND_BACKEND_H
+
+#include <stdint.h>
+
+#include "model/blk.h"
+
+typedef struct backend_ops {
+    const char *name; /* "cpu", "cuda" */
+    /* h[t][:] = the embedding row of tokens[t] (host ids), t < T */
+    void (*embed)(const blk *b, const int32_t *tokens, int T, float *h);
+    /* y[t] = rmsnorm(x[t]) * w, t < T, rows of n (blk_rmsnorm); y may alias x */
+    void (*rmsnorm)(const blk *b, const float *x, const float *w, int T, int n, float eps, float *y);
+    /* layer i's attention block (its kind from hp->attn_kind[i]) over x [T][H] into out [T][H],
+     * reading and extending st (positions pos0 .. pos0+T-1) */
+    int (*attn)(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T, float *out);
+    /* layer i's feed-forward block (dense MLP or MoE) over x [T][H] into out [T][H] */
+    int (*ffn)(const blk *b, int i, const layer_w *L, const float *x, int T, float *out);
+    /* AttnRes: out[t] = mix(stack[0..ns)[t], prefix[t]) with score vector u, t < T */
+    void (*mix)(const blk *b, float *const *stack, int ns, const float *prefix, const float *u, int T, float *out);
+    /* y[j] += a[j], j < n (the residual adds: element-wise, one rounding each) */
+    void (*add)(const blk *b, float *y, const float *a, size_t n);
+    /* dst[j] = src[j], j < n, both the backend's buffers */
+    void (*copy)(const blk *b, float *dst, const float *src, size_t n);
+    /* host[t * vocab + v] = lm_head[v] . x[t], t < T: the logits, into host memory */
+    void (*head)(const blk *b, const kmat *lm_head, const float *x, int T, float *host);
+    /* host[j] = buf[j], j < n (taps) */
+    void (*read)(const blk *b, float *host, const float *buf, size_t n);
+    /* router lookahead for layer i from a stand-in of its FFN input x [T][H] (blk_moe_guess):
+     * starts reads, decides nothing; NULL: none */
+    void (*guess)(const blk *b, int i, const layer_w *L, const float *x, int T);
+} backend_ops;
+
+extern const backend_ops backend_cpu;
+
+/* The backend named by `device` ("cpu"; "cuda" or "cuda:N" in a build with CUDA), NULL with err
+ * set when this build or machine has none such. */
+const backend_ops *backend_select(const char *device, errbuf *err);
+
+#endif
