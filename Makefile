@@ -35,10 +35,30 @@ FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# The CUDA backend (src/backend/cuda): `make CUDA=1` adds it (nvcc, machine code for sm_90 and
+# its PTX for later GPUs), `make test-cuda` runs the GPU tests on a machine with an NVIDIA GPU.
+# The default build, `make test` and CI never need nvcc. nvcc's flags keep the CPU's arithmetic:
+# no multiply-add fusion (-fmad=false, as -ffp-contract=off), IEEE division and square root,
+# subnormals kept (kern.h's contract).
+CUDA      ?= 0
+NVCC      ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+NVCCFLAGS := -std=c++17 -O3 -g -Isrc -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CU_SRC    := $(sort $(wildcard src/backend/cuda/*.cu))
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+FLAGS_test_cuda := -I$(CUDA_HOME)/include -Itests
+ifeq ($(CUDA),1)
+LIB_OBJ   += $(CU_OBJ)
+LDLIBS    += $(CUDA_LIBS)
+endif
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all deps test test-neon asan tsan fuzz bench clean
+.PHONY: all deps test test-neon test-cuda cuda-compile asan tsan fuzz bench clean
 all: deltafin
 
 deltafin: $(BUILD)/deltafin
@@ -76,6 +96,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(BASEFLAGS) $(FLAGS_$(basename $(notdir $<))) $(CFLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
 # the chat page is assembled into srv_page.o (.incbin), which -MMD does not see
 $(BUILD)/src/server/srv_page.o: src/server/page.html
 
@@ -112,6 +136,20 @@ test-neon:
 	$(Q)aarch64-linux-gnu-gcc -std=c11 -D_GNU_SOURCE -O2 $(WARN) -ffp-contract=off -Isrc -static -pthread \
 	  -o $(BUILD)/aarch64/test_kernels $(KERN_TEST_SRC) -lm
 	@qemu-aarch64 $(BUILD)/aarch64/test_kernels
+
+# The GPU kernels against the scalar reference (tests/cuda/test_cuda.c, through test_kernels.c's
+# checks); cuda-compile only builds it (tests/run.sh does that wherever nvcc is installed).
+CUDA_TEST_OBJ := $(BUILD)/tests/test_main.o $(BUILD)/tests/test_kernels.o $(BUILD)/tests/cuda/test_cuda.o \
+                 $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/*.c)) $(BUILD)/src/base/rng.o $(BUILD)/src/base/err.o
+$(BUILD)/cuda/test_cuda: $(CUDA_TEST_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) -lm -lpthread
+$(BUILD)/cuda/bench_cuda: $(BUILD)/bench/cuda/bench_cuda.o $(CU_OBJ) $(BUILD)/src/kernels/dtype.o $(BUILD)/src/base/err.o
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) -lm -lpthread
+cuda-compile: $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda
+test-cuda: $(BUILD)/cuda/test_cuda
+	@$(BUILD)/cuda/test_cuda
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz deltafin

@@ -49,6 +49,16 @@ if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/
   fi
 fi
 
+# the CUDA backend's kernels, their GPU test and bench compile wherever nvcc is installed (they run
+# on a machine with a GPU: make test-cuda)
+if command -v "${NVCC:-nvcc}" >/dev/null; then
+  if r=$(make -s --no-print-directory BUILD="$build" cuda-compile 2>&1); then
+    echo "ok   cuda backend compiles (nvcc, sm_90 + PTX)"; pass=$((pass + 1))
+  else
+    echo "FAIL cuda backend does not compile:"; printf '%s\n' "$r" | tail -n 20 | sed 's/^/    /'; fail=$((fail + 1))
+  fi
+fi
+
 # a script that prints "ok"/"FAIL" lines and ends with "N passed, M failed": its lines, its counts
 suite() {
   local name=$1 out last

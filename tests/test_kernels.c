@@ -1,7 +1,8 @@
 /* test_kernels.c — format decoders against known values, every SIMD kernel against the scalar
  * reference with memcmp (the seq64 contract of kern.h: same bits on every ISA), and kmath.h's
  * functions against libm's double precision (accuracy) and against their own pinned bits (the same
- * on every machine: this file also runs on AArch64 under qemu, see the Makefile's test-neon). */
+ * on every machine: this file also runs on AArch64 under qemu, see the Makefile's test-neon, and with
+ * the GPU's kernels behind a kern_ops table in tests/cuda/test_cuda.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "kernels/kern.h"
 #include "kernels/kmath.h"
 #include "test.h"
+#include "test_kern.h"
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, 4) == 0; }
 
@@ -222,7 +224,7 @@ static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, 
     return ok;
 }
 
-static void check_isa(const kern_ops *k)
+void kern_test_matches_scalar(const kern_ops *k)
 {
     if (!k) {
         test_skip("instruction set not available on this CPU or build");
@@ -237,10 +239,11 @@ static void check_isa(const kern_ops *k)
      * vector: 1000, 4099, 8259), tokens in equal groups of at most KERN_TG = 64 (70: 35 + 35) or,
      * for 4-bit rows, of KERN_XF / cols (12320 columns: 42, so 64 goes as 32 + 32 and 70 as
      * 35 + 35), and within a group in tiles of up to 6 tokens (every T from 1 to 8, 13 = 6 + 6 +
-     * 1, 25 = 4 x 6 + 1). */
-    static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},
-                                    {2, 224},  {9, 1056},  {130, 256}, {19, 4128}, {2, 12320}};
-    static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 4099, 8256, 8259};
+     * 1, 25 = 4 x 6 + 1). The GPU's T <= 8 path takes rows of whole 512-column blocks (2048,
+     * 1536), in warps of four rows (3, 5, 131 and 19 rows end in a partial one). */
+    static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},   {2, 224},
+                                    {9, 1056}, {130, 256}, {19, 4128}, {2, 12320}, {5, 2048}};
+    static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 1536, 4099, 8256, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 25, 64, 70};
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
@@ -281,7 +284,7 @@ static void check_isa(const kern_ops *k)
         float *o1 = malloc(sizeof(float) * 5 * cols), *o2 = malloc(sizeof(float) * 5 * cols);
         kern_scalar.decode_rows(&m, 0, 5, o1);
         k->decode_rows(&m, 0, 5, o2);
-        int same = memcmp(o1, o2, sizeof(float) * 5 * cols) == 0;
+        int same = same_out(o1, o2, (size_t)5 * cols); /* which NaN is not part of the contract (kern.h) */
         free(o1);
         free(o2);
         free(d);
@@ -300,9 +303,9 @@ TEST(kern_select_picks_available)
         CHECK(best == kern_avx512());
 }
 
-TEST(kern_avx2_matches_scalar) { check_isa(kern_avx2()); }
-TEST(kern_avx512_matches_scalar) { check_isa(kern_avx512()); }
-TEST(kern_neon_matches_scalar) { check_isa(kern_neon()); }
+TEST(kern_avx2_matches_scalar) { kern_test_matches_scalar(kern_avx2()); }
+TEST(kern_avx512_matches_scalar) { kern_test_matches_scalar(kern_avx512()); }
+TEST(kern_neon_matches_scalar) { kern_test_matches_scalar(kern_neon()); }
 
 TEST(kern_scalar_is_seq64)
 {
@@ -463,16 +466,16 @@ static void check_glu(const kern_ops *k)
     CHECKF(!bad, "%s %s (act %d, n %d) differs from scalar", k->name, bad_act < 0 ? "exp_sub" : "glu", bad_act, bad_n);
 }
 
-static void check_elementwise_and_glu(const kern_ops *k)
+void kern_test_elementwise(const kern_ops *k)
 {
     check_elementwise(k);
     if (k)
         check_glu(k);
 }
 
-TEST(kern_avx2_elementwise) { check_elementwise_and_glu(kern_avx2()); }
-TEST(kern_avx512_elementwise) { check_elementwise_and_glu(kern_avx512()); }
-TEST(kern_neon_elementwise) { check_elementwise_and_glu(kern_neon()); }
+TEST(kern_avx2_elementwise) { kern_test_elementwise(kern_avx2()); }
+TEST(kern_avx512_elementwise) { kern_test_elementwise(kern_avx512()); }
+TEST(kern_neon_elementwise) { kern_test_elementwise(kern_neon()); }
 
 /* ---- kmath.h ---- */
 

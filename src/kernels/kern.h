@@ -88,7 +88,7 @@ enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 19 };
 static inline size_t kern_scratch_xfloats(size_t cols)
 {
     size_t c8 = (cols + KERN_KC - 1) / KERN_KC * KERN_KC * 8;
-    return c8 > KERN_XF ? c8 : KERN_XF;
+    return c8 > (size_t)KERN_XF ? c8 : (size_t)KERN_XF;
 }
 /* The per-thread scratch a matmul needs for a matrix of `cols` columns (64-byte aligned): the
  * reordered activations, one decoded block and the partial sums (the scalar table uses the

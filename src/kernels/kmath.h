@@ -28,6 +28,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The CUDA backend compiles these same functions for the GPU (with -fmad=false, so that no
+ * multiply and add fuse there either): one source for every device. */
+#ifdef __CUDACC__
+#define KM_FN static inline __host__ __device__
+#else
+#define KM_FN static inline
+#endif
+
 /* exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 in two steps (KM_LN2_HI has 9
  * significant bits, so k * KM_LN2_HI is exact for |k| <= 150 and x - k * KM_LN2_HI is exact by
  * Sterbenz); exp(r) = 1 + (r + r^2 q(r)) on |r| <= ln2 / 2. x is first clamped to
@@ -68,21 +76,21 @@
 #define KM_LOG_Q1 0x1.9999ecp-2f
 #define KM_LOG_Q0 0x1.555556p-1f
 
-static inline uint32_t km_bits(float f)
+KM_FN uint32_t km_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float km_float(uint32_t u)
+KM_FN float km_float(uint32_t u)
 {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static inline float km_expf(float x)
+KM_FN float km_expf(float x)
 {
     /* a NaN x becomes KM_EXP_LO here (as VMAX gives in kern_vmath.inc), so that no NaN reaches the
      * float-to-int conversion below, which C leaves undefined; the last line returns x */
@@ -102,7 +110,7 @@ static inline float km_expf(float x)
     return x != x ? x : y;
 }
 
-static inline float km_tanhf(float x)
+KM_FN float km_tanhf(float x)
 {
     uint32_t sign = km_bits(x) & 0x80000000u;
     float a = km_float(km_bits(x) & 0x7FFFFFFFu), t;
@@ -120,17 +128,17 @@ static inline float km_tanhf(float x)
     return km_float(km_bits(t) | sign);
 }
 
-static inline float km_sigmoidf(float x) { return 1.0f / (1.0f + km_expf(-x)); }
+KM_FN float km_sigmoidf(float x) { return 1.0f / (1.0f + km_expf(-x)); }
 
 /* The gated linear units' activations (g: the gate projection, u: the up projection). */
-static inline float km_swiglu(float g, float u) { return (g * km_sigmoidf(g)) * u; }
-static inline float km_situ(float g, float u, float bt, float bl)
+KM_FN float km_swiglu(float g, float u) { return (g * km_sigmoidf(g)) * u; }
+KM_FN float km_situ(float g, float u, float bt, float bl)
 {
     return ((bt * km_tanhf(g / bt)) * km_sigmoidf(g)) * (bl * km_tanhf(u / bl));
 }
 
 /* log(u) for a positive, normal, finite u (km_log1pf's u always is) */
-static inline float km_log_normal(float u)
+KM_FN float km_log_normal(float u)
 {
     uint32_t b = km_bits(u);
     int32_t e = (int32_t)(b >> 23) - 127;
@@ -147,7 +155,7 @@ static inline float km_log_normal(float u)
     return ef * KM_LN2_HI + (f - (hfsq - (s * (hfsq + z * q) + ef * KM_LN2_LO)));
 }
 
-static inline float km_log1pf(float y)
+KM_FN float km_log1pf(float y)
 {
     float u = 1.0f + y;
     if (u == 1.0f) /* |y| < 2^-24: log1p(y) rounds to y */

@@ -1,0 +1,589 @@
+/* cuda_kern.cu — kern.h's operations on the GPU (cuda_kern.h), in kern.h's reduction orders.
+ *
+ * Compiled with -fmad=false -prec-div=true -prec-sqrt=true and without fast math: a * b + c rounds
+ * twice unless the code says __fmaf_rn, which is what the CPU's -ffp-contract=off does.
+ *
+ * Matrix products (k_matmul). Each output's seq16 sums are 16 threads ("lanes"), each holding its
+ * lane's partial sums for every row and token of its register tile, and each summing its own
+ * columns in increasing order with one FMA per column, as kern_scalar.c's row_dot does. The
+ * columns are staged through shared memory in blocks of MM_C: a block's weights are decoded there
+ * exactly (the same decoders as dtype.c, element by element) and its activations copied there, both
+ * in lane order, so that lane l's s-th column of the block is at 16 s + l (the 4-bit formats'
+ * nibble order is a permutation inside each group of 32). After the last block the 16 lanes are
+ * added in seq16's tree (h = 8, 4, 2, 1) by shuffles: acc[j] + acc[j + h] for j < h.
+ *
+ * Invariant: a lane adds exactly its own columns < cols, in order, and nothing else. The tail block
+ * skips the columns past the row's end rather than adding zeros, because a sum can be -0 (a tiny
+ * negative product rounded away) and -0 + +0 is +0.
+ */
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/cuda/cuda_kern.h"
+#include "kernels/kern.h"
+}
+#include "kernels/kmath.h"
+
+enum { MM_C = 128 };
+
+/* ---- exact element decoders: dtype.c's, for the device ---- */
+
+__device__ __forceinline__ float d_bf16(uint32_t h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ float d_f16(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    if (exp == 0x1F)
+        return __uint_as_float(sign | 0x7F800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * 5.9604644775390625e-8f; /* 2^-24: exact */
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ float d_e8m0(uint32_t s)
+{
+    if (s == 255)
+        return __uint_as_float(0x7FC00000u);
+    if (s == 0)
+        return __uint_as_float(0x00400000u); /* 2^-127, subnormal */
+    return __uint_as_float(s << 23);
+}
+
+__device__ __forceinline__ float d_e4m3(uint32_t b)
+{
+    uint32_t sign = b >> 7, exp = (b >> 3) & 0xFu, man = b & 7u;
+    float v;
+    if (exp == 0xF && man == 7)
+        return __uint_as_float(0x7FC00000u);
+    if (exp == 0)
+        v = (float)man * 0.001953125f; /* m/8 * 2^-6 */
+    else
+        v = __uint_as_float(((exp + 120) << 23) | (man << 20)); /* (1 + m/8) 2^(exp-7), exact */
+    return sign ? -v : v;
+}
+
+__device__ __forceinline__ float d_e2m1(uint32_t code)
+{
+    /* 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (8 is -0) */
+    uint32_t m = code & 7u;
+    float v = m < 4 ? 0.5f * (float)m : m < 6 ? (float)(m - 2) : m == 6 ? 4.0f : 6.0f;
+    return (code & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float d_group_scale(const kmat &w, int r, int g)
+{
+    const uint8_t *s = w.scale + (size_t)r * w.scale_stride + 2 * (size_t)g;
+    return d_bf16((uint32_t)s[0] | ((uint32_t)s[1] << 8));
+}
+
+/* W[r][i], exactly as dtype.c's decoder for FMT gives it */
+template <int FMT> __device__ __forceinline__ float d_elem(const kmat &w, int r, int i)
+{
+    const uint8_t *p = w.data + (size_t)r * w.row_bytes;
+    if (FMT == WF_F32)
+        return ((const float *)p)[i];
+    if (FMT == WF_F16)
+        return d_f16(((const uint16_t *)p)[i]);
+    if (FMT == WF_BF16)
+        return d_bf16(((const uint16_t *)p)[i]);
+    if (FMT == WF_MXFP4) {
+        uint32_t code = (p[i / 2] >> ((i & 1) * 4)) & 0xFu;
+        return d_e2m1(code) * d_e8m0(w.scale[(size_t)r * w.scale_stride + (size_t)(i / 32)]);
+    }
+    if (FMT == WF_INT4G32) {
+        int q = (int)((p[i / 2] >> ((i & 1) * 4)) & 0xFu) - 8;
+        return (float)q * d_group_scale(w, r, i / 32);
+    }
+    if (FMT == WF_INT8G32)
+        return (float)((const int8_t *)p)[i] * d_group_scale(w, r, i / 32);
+    /* WF_FP8B128 */
+    const float *srow = (const float *)(w.scale + (size_t)(r / 128) * w.scale_stride);
+    return d_e4m3(p[i]) * srow[i / 128];
+}
+
+/* where column c of a block goes in lane order: lane l's s-th column lands at 16 s + l */
+template <int FMT> __device__ __forceinline__ int lane_pos(int c)
+{
+    if (FMT == WF_MXFP4 || FMT == WF_INT4G32)
+        return (c & ~31) | ((c & 1) << 4) | ((c & 31) >> 1);
+    return c;
+}
+
+/* the block column that lane l adds at its step s (the inverse of lane_pos) */
+template <int FMT> __device__ __forceinline__ int lane_col(int l, int s)
+{
+    if (FMT == WF_MXFP4 || FMT == WF_INT4G32)
+        return 32 * (s >> 1) + 2 * l + (s & 1);
+    return 16 * s + l;
+}
+
+/* ---- matrix products ---- */
+
+/* A block of threads computes BR = RG x RT rows times BT = TGN x TT tokens: thread (lane, rg, tg)
+ * holds the lane's sums of rows rg*RT .. +RT and tokens tg*TT .. +TT. Shared rows are padded so
+ * that the two row groups of a warp read different banks. */
+template <int FMT, int RT, int TT, int RG, int TGN>
+__global__ void __launch_bounds__(16 * RG * TGN)
+    k_matmul(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y,
+             size_t ldy)
+{
+    constexpr int BR = RG * RT, BT = TGN * TT, NT = 16 * RG * TGN, WS = MM_C + (RT == 1 ? 16 : 4), XS = MM_C + 4;
+    __shared__ float Ws[BR * WS];
+    __shared__ float Xs[BT * XS];
+    const int tid = threadIdx.x, lane = tid & 15, rg = (tid >> 4) % RG, tg = (tid >> 4) / RG;
+    const int rbase = r0 + blockIdx.x * BR, tbase = blockIdx.y * BT, cols = w.cols;
+    float acc[RT][TT];
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            acc[j][k] = 0.0f;
+    for (int c0 = 0; c0 < cols; c0 += MM_C) {
+        __syncthreads();
+        for (int e = tid; e < BR * MM_C; e += NT) {
+            int rr = e / MM_C, cc = e % MM_C, r = rbase + rr, c = c0 + cc;
+            Ws[rr * WS + lane_pos<FMT>(cc)] = r < r1 && c < cols ? d_elem<FMT>(w, r, c) : 0.0f;
+        }
+        for (int e = tid; e < BT * MM_C; e += NT) {
+            int tt = e / MM_C, cc = e % MM_C, t = tbase + tt, c = c0 + cc;
+            Xs[tt * XS + lane_pos<FMT>(cc)] = t < T && c < cols ? x[(size_t)t * ldx + c] : 0.0f;
+        }
+        __syncthreads();
+        const float *wp = Ws + rg * RT * WS + lane, *xp = Xs + tg * TT * XS + lane;
+        if (c0 + MM_C <= cols) {
+#pragma unroll 8
+            for (int s = 0; s < MM_C / 16; s++) {
+                float wv[RT], xv[TT];
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+                    wv[j] = wp[j * WS + 16 * s];
+#pragma unroll
+                for (int k = 0; k < TT; k++)
+                    xv[k] = xp[k * XS + 16 * s];
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wv[j], xv[k], acc[j][k]);
+            }
+        } else { /* the row's last, partial block: only this lane's columns before the end */
+            for (int s = 0; s < MM_C / 16 && c0 + lane_col<FMT>(lane, s) < cols; s++) {
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wp[j * WS + 16 * s], xp[k * XS + 16 * s], acc[j][k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            float v = acc[j][k];
+#pragma unroll
+            for (int h = 8; h >= 1; h /= 2)
+                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
+            int r = rbase + rg * RT + j, t = tbase + tg * TT + k;
+            if (lane == 0 && r < r1 && t < T)
+                y[(size_t)t * ldy + (size_t)(r - r0)] = v;
+        }
+}
+
+/* Passes of T <= 8 tokens are bound by reading the weights once (decode, verify): k_gemv keeps as
+ * many bytes in flight as it can. A block of GV_WARPS warps walks its rows in blocks of
+ * gv_cols<FMT>() columns. Each warp owns GV_RW rows (each half-warp GV_RW / 2 of them, one lane
+ * of seq16 per thread): it loads the next column block's raw bytes with 16-byte loads into
+ * registers while it reduces the current one from shared memory, where each lane decodes its own
+ * columns exactly, in its lane order, with one scale load per 32 columns. The block's warps share
+ * the activations of the column block, copied asynchronously into a second shared buffer one
+ * block ahead. Rows must be 16-byte aligned and a whole number of column blocks long (K3's and
+ * the usual shapes are); other matrices take k_matmul, which gives the same bits. */
+enum { GV_RW = 8, GV_WARPS = 4 };
+
+template <int FMT> __host__ __device__ constexpr int gv_cols()
+{
+    return FMT == WF_F32 ? 128 : FMT == WF_MXFP4 || FMT == WF_INT4G32 ? 512 : 256;
+}
+
+/* a row's bytes in one column block: 512 for 32- and 16-bit values, 256 for 8- and 4-bit ones */
+template <int FMT> __host__ __device__ constexpr int gv_row_bytes()
+{
+    return FMT == WF_F32 ? 4 * gv_cols<FMT>() : FMT == WF_F16 || FMT == WF_BF16 ? 2 * gv_cols<FMT>()
+                         : FMT == WF_MXFP4 || FMT == WF_INT4G32 ? gv_cols<FMT>() / 2 : gv_cols<FMT>();
+}
+
+/* element c of a block whose raw bytes are rp, before its scale (dtype.c multiplies the code's
+ * value by the scale once, as the caller does); e2m1: MXFP4's value table in shared memory */
+template <int FMT> __device__ __forceinline__ float d_code(const uint8_t *rp, int c, const float *e2m1)
+{
+    if (FMT == WF_F32)
+        return ((const float *)rp)[c];
+    if (FMT == WF_F16)
+        return d_f16(((const uint16_t *)rp)[c]);
+    if (FMT == WF_BF16)
+        return d_bf16(((const uint16_t *)rp)[c]);
+    if (FMT == WF_MXFP4)
+        return e2m1[(rp[c / 2] >> ((c & 1) * 4)) & 0xFu];
+    if (FMT == WF_INT4G32)
+        return (float)((int)((rp[c / 2] >> ((c & 1) * 4)) & 0xFu) - 8);
+    if (FMT == WF_INT8G32)
+        return (float)(int8_t)rp[c];
+    return d_e4m3(rp[c]);
+}
+
+/* the scale of row r's columns col .. col + 31 (1.0 unused for the plain formats) */
+template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int r, int col)
+{
+    if (FMT == WF_MXFP4)
+        return d_e8m0(__ldg(w.scale + (size_t)r * w.scale_stride + (size_t)(col / 32)));
+    if (FMT == WF_INT4G32 || FMT == WF_INT8G32)
+        return d_group_scale(w, r, col / 32);
+    if (FMT == WF_FP8B128)
+        return __ldg((const float *)(w.scale + (size_t)(r / 128) * w.scale_stride) + col / 128);
+    return 1.0f;
+}
+
+template <int FMT> __host__ __device__ constexpr bool has_scale()
+{
+    return FMT == WF_MXFP4 || FMT == WF_INT4G32 || FMT == WF_INT8G32 || FMT == WF_FP8B128;
+}
+
+template <int FMT, int TT>
+__global__ void __launch_bounds__(32 * GV_WARPS)
+    k_gemv(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y, size_t ldy)
+{
+    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), V = RB / 16, VS = V + 4, NV = GV_RW * V / 32,
+                  RT = GV_RW / 2, NT = 32 * GV_WARPS;
+    static_assert(GV_RW * V % 32 == 0, "a warp's loads cover its rows' block");
+    __shared__ uint4 raw[GV_WARPS][GV_RW * VS]; /* rows 64 bytes apart beyond their length: the two
+                                                   half-warps read different banks */
+    __shared__ float xs[2][TT * C];
+    __shared__ float e2m1[16];
+    const int warp = threadIdx.x / 32, tl = threadIdx.x & 31, half = tl >> 4, lane = tl & 15;
+    const int rbase = r0 + (blockIdx.x * GV_WARPS + warp) * GV_RW, nblk = w.cols / C;
+    if (threadIdx.x < 16)
+        e2m1[threadIdx.x] = d_e2m1(threadIdx.x);
+    /* a warp past r1 still takes part in the block's copies and barriers; its loads repeat the
+     * last row, as do the rows of a partial warp, and nothing of theirs is stored */
+    uint4 buf[NV];
+    auto load_w = [&](int blk) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int idx = tl + 32 * v, rr = idx / V, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
+            buf[v] = __ldg((const uint4 *)(w.data + (size_t)r * w.row_bytes + (size_t)blk * RB) + idx % V);
+        }
+    };
+    auto load_x = [&](int blk) {
+        float *dst = xs[blk & 1];
+        for (int e = threadIdx.x; e < TT * C; e += NT) {
+            int k = e / C, c = e % C;
+            if (k < T)
+                __pipeline_memcpy_async(dst + e, x + (size_t)k * ldx + (size_t)blk * C + c, 4);
+            else
+                dst[e] = 0.0f;
+        }
+        __pipeline_commit();
+    };
+    load_x(0);
+    load_w(0);
+    float acc[RT][TT];
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            acc[j][k] = 0.0f;
+    for (int b = 0; b < nblk; b++) {
+        __syncwarp();
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int idx = tl + 32 * v;
+            raw[warp][(idx / V) * VS + idx % V] = buf[v];
+        }
+        if (b + 1 < nblk) {
+            load_x(b + 1);
+            load_w(b + 1);
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads(); /* block b's activations and this warp's raw rows are in place */
+        const float *xb = xs[b & 1];
+        const int c0 = b * C;
+#pragma unroll 2
+        for (int g = 0; g < C / 32; g++) {
+            float sc[RT];
+#pragma unroll
+            for (int j = 0; j < RT; j++) {
+                int rr = half * RT + j, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
+                sc[j] = has_scale<FMT>() ? d_scale32<FMT>(w, r, c0 + 32 * g) : 1.0f;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int c = lane_col<FMT>(lane, 2 * g + h);
+                float xv[TT];
+#pragma unroll
+                for (int k = 0; k < TT; k++)
+                    xv[k] = xb[k * C + c];
+#pragma unroll
+                for (int j = 0; j < RT; j++) {
+                    float wv = d_code<FMT>((const uint8_t *)&raw[warp][(half * RT + j) * VS], c, e2m1);
+                    if (has_scale<FMT>())
+                        wv = wv * sc[j];
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with xs[b & 1] before block b + 2 is copied there */
+    }
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            float v = acc[j][k];
+#pragma unroll
+            for (int h = 8; h >= 1; h /= 2)
+                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
+            int r = rbase + half * RT + j;
+            if (lane == 0 && r < r1 && k < T)
+                y[(size_t)k * ldy + (size_t)(r - r0)] = v;
+        }
+}
+
+template <int FMT, int TT>
+static int launch_gemv(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                       cudaStream_t st)
+{
+    if (w->cols % gv_cols<FMT>() || w->row_bytes % 16 || (uintptr_t)w->data % 16)
+        return 0;
+    int per = GV_RW * GV_WARPS;
+    k_gemv<FMT, TT><<<(unsigned)((r1 - r0 + per - 1) / per), 32 * GV_WARPS, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+    return 1;
+}
+
+template <int FMT, int RT, int TT, int RG, int TGN>
+static void launch_mm(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                      cudaStream_t st)
+{
+    constexpr int BR = RG * RT, BT = TGN * TT;
+    dim3 grid((unsigned)((r1 - r0 + BR - 1) / BR), (unsigned)((T + BT - 1) / BT));
+    k_matmul<FMT, RT, TT, RG, TGN><<<grid, 16 * RG * TGN, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+}
+
+/* T <= 8 reads each weight once for every token (a memory-bound pass: decode or verify); longer
+ * passes tile 4 rows x 8 tokens per thread. */
+template <int FMT>
+static void matmul_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                       cudaStream_t st)
+{
+    if (T == 1 && launch_gemv<FMT, 1>(w, r0, r1, x, ldx, T, y, ldy, st))
+        return;
+    if (T == 2 && launch_gemv<FMT, 2>(w, r0, r1, x, ldx, T, y, ldy, st))
+        return;
+    if (T > 2 && T <= 4 && launch_gemv<FMT, 4>(w, r0, r1, x, ldx, T, y, ldy, st))
+        return;
+    if (T > 4 && T <= 8 && launch_gemv<FMT, 8>(w, r0, r1, x, ldx, T, y, ldy, st))
+        return;
+    if (T == 1)
+        launch_mm<FMT, 1, 1, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T == 2)
+        launch_mm<FMT, 1, 2, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T <= 4)
+        launch_mm<FMT, 1, 4, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T <= 8)
+        launch_mm<FMT, 1, 8, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else
+        launch_mm<FMT, 4, 8, 8, 4>(w, r0, r1, x, ldx, T, y, ldy, st);
+}
+
+extern "C" void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y,
+                             size_t ldy, void *stream)
+{
+    if (r1 <= r0 || T <= 0)
+        return;
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (w->fmt) {
+    case WF_F32:
+        matmul_fmt<WF_F32>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_F16:
+        matmul_fmt<WF_F16>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_BF16:
+        matmul_fmt<WF_BF16>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_MXFP4:
+        matmul_fmt<WF_MXFP4>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_INT4G32:
+        matmul_fmt<WF_INT4G32>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_FP8B128:
+        matmul_fmt<WF_FP8B128>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    case WF_INT8G32:
+        matmul_fmt<WF_INT8G32>(w, r0, r1, x, ldx, T, y, ldy, st);
+        break;
+    }
+}
+
+template <int FMT> __global__ void k_decode_rows(kmat w, int r0, int r1, float *out)
+{
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)(r1 - r0) * (size_t)w.cols;
+    if (e < n)
+        out[e] = d_elem<FMT>(w, r0 + (int)(e / (size_t)w.cols), (int)(e % (size_t)w.cols));
+}
+
+extern "C" void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, void *stream)
+{
+    size_t n = (size_t)(r1 - r0) * (size_t)w->cols;
+    if (r1 <= r0 || n == 0)
+        return;
+    unsigned blocks = (unsigned)((n + 255) / 256);
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (w->fmt) {
+    case WF_F32:
+        k_decode_rows<WF_F32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_F16:
+        k_decode_rows<WF_F16><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_BF16:
+        k_decode_rows<WF_BF16><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_MXFP4:
+        k_decode_rows<WF_MXFP4><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_INT4G32:
+        k_decode_rows<WF_INT4G32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_FP8B128:
+        k_decode_rows<WF_FP8B128><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    case WF_INT8G32:
+        k_decode_rows<WF_INT8G32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+        break;
+    }
+}
+
+/* ---- vectors ---- */
+
+/* One warp per row: thread j holds seq64's sums j and j + 32, so the tree's first step
+ * (h = 32) is its own add and the rest are shuffles. */
+__global__ void k_dot_rows(const float *__restrict__ a, const float *__restrict__ x, size_t ldx, int rows, int n,
+                           float *__restrict__ out)
+{
+    int s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, j = threadIdx.x & 31;
+    if (s >= rows)
+        return;
+    const float *xs = x + (size_t)s * ldx;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int i = j; i < n; i += 64) {
+        a0 = __fmaf_rn(a[i], xs[i], a0);
+        if (i + 32 < n)
+            a1 = __fmaf_rn(a[i + 32], xs[i + 32], a1);
+    }
+    float v = a0 + a1;
+    for (int h = 16; h >= 1; h /= 2)
+        v = v + __shfl_down_sync(0xFFFFFFFFu, v, h);
+    if (j == 0)
+        out[s] = v;
+}
+
+extern "C" void cudak_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out, void *stream)
+{
+    if (rows <= 0)
+        return;
+    k_dot_rows<<<(unsigned)((rows + 7) / 8), 256, 0, (cudaStream_t)stream>>>(a, x, ldx, rows, n, out);
+}
+
+__global__ void k_axpy_rows(float *y, const float *__restrict__ x, size_t ldx, const float *__restrict__ a, int n,
+                            int len)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len)
+        return;
+    float v = y[i];
+    for (int s = 0; s < n; s++)
+        v = __fmaf_rn(a[s], x[(size_t)s * ldx + i], v);
+    y[i] = v;
+}
+
+extern "C" void cudak_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len, void *stream)
+{
+    if (len <= 0)
+        return;
+    k_axpy_rows<<<(unsigned)((len + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, x, ldx, a, n, len);
+}
+
+/* kern_scalar_kda_step, one thread per column c: every operation is element-wise across columns
+ * and the rows go in order, so column c's values are the scalar loop's. */
+__global__ void k_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                           float beta, float *o)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= d)
+        return;
+    float u = 0.0f;
+    for (int r = 0; r < d; r++) {
+        float s = S[(size_t)r * d + c] * alpha[r];
+        S[(size_t)r * d + c] = s;
+        u = __fmaf_rn(s, k[r], u);
+    }
+    u = beta * (v[c] - u);
+    float oc = 0.0f;
+    for (int r = 0; r < d; r++) {
+        float s = __fmaf_rn(k[r], u, S[(size_t)r * d + c]);
+        S[(size_t)r * d + c] = s;
+        oc = __fmaf_rn(s, q[r], oc);
+    }
+    o[c] = oc;
+}
+
+extern "C" void cudak_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
+                               float beta, float *o, void *stream)
+{
+    k_kda_step<<<(unsigned)((d + 127) / 128), 128, 0, (cudaStream_t)stream>>>(S, d, k, v, q, alpha, beta, o);
+}
+
+__global__ void k_glu(int act, float *gate, const float *__restrict__ up, int n, float bt, float bl)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        gate[i] = act == KERN_GLU_SITU ? km_situ(gate[i], up[i], bt, bl) : km_swiglu(gate[i], up[i]);
+}
+
+extern "C" void cudak_glu(int act, float *gate, const float *up, int n, float bt, float bl, void *stream)
+{
+    if (n > 0)
+        k_glu<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(act, gate, up, n, bt, bl);
+}
+
+__global__ void k_exp_sub(float *x, int n, float m)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = km_expf(x[i] - m);
+}
+
+extern "C" void cudak_exp_sub(float *x, int n, float m, void *stream)
+{
+    if (n > 0)
+        k_exp_sub<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, n, m);
+}
+
+extern "C" int cudak_sync(void *stream, const char *what, errbuf *err)
+{
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return errbuf_set(err, "%s: CUDA error: %s", what, cudaGetErrorString(e));
+    return 0;
+}
