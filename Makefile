@@ -48,9 +48,11 @@ NVCCFLAGS := -std=c++17 -O3 -g -Isrc -fmad=false -prec-div=true -prec-sqrt=true 
              -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
              -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 CU_SRC    := $(sort $(wildcard src/backend/cuda/*.cu))
-CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/%.o) $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard src/backend/cuda/*.c)))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-FLAGS_test_cuda := -I$(CUDA_HOME)/include -Itests
+FLAGS_test_cuda    := -I$(CUDA_HOME)/include -Itests
+FLAGS_backend_cuda := -I$(CUDA_HOME)/include
+BASE_OBJ  := $(LIB_OBJ)
 ifeq ($(CUDA),1)
 LIB_OBJ   += $(CU_OBJ)
 LDLIBS    += $(CUDA_LIBS)
@@ -139,12 +141,12 @@ test-neon:
 
 # The GPU kernels against the scalar reference (tests/cuda/test_cuda.c, through test_kernels.c's
 # checks); cuda-compile only builds it (tests/run.sh does that wherever nvcc is installed).
-CUDA_TEST_OBJ := $(BUILD)/tests/test_main.o $(BUILD)/tests/test_kernels.o $(BUILD)/tests/cuda/test_cuda.o \
-                 $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/*.c)) $(BUILD)/src/base/rng.o $(BUILD)/src/base/err.o
-$(BUILD)/cuda/test_cuda: $(CUDA_TEST_OBJ) $(CU_OBJ)
+CUDA_TEST_OBJ := $(BUILD)/tests/test_main.o $(BUILD)/tests/test_kernels.o $(BUILD)/tests/test_util.o \
+                 $(BUILD)/tests/test_alloc.o $(BUILD)/tests/cuda/test_cuda.o
+$(BUILD)/cuda/test_cuda: $(CUDA_TEST_OBJ) $(BASE_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) -lm -lpthread
-$(BUILD)/cuda/bench_cuda: $(BUILD)/bench/cuda/bench_cuda.o $(CU_OBJ) $(BUILD)/src/kernels/dtype.o $(BUILD)/src/base/err.o
+	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) $(TEST_WRAP) -o $@ $^ $(LDLIBS) $(if $(filter 1,$(CUDA)),,$(CUDA_LIBS))
+$(BUILD)/cuda/bench_cuda: $(BUILD)/bench/cuda/bench_cuda.o $(BUILD)/src/backend/cuda/cuda_kern.o $(BUILD)/src/kernels/dtype.o $(BUILD)/src/base/err.o
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) -lm -lpthread
 cuda-compile: $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda

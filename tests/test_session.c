@@ -392,7 +392,7 @@ static void taps_case(const char *dir)
     arena ar;
     CHECK(e && p && arena_init(&ar, sizeof(float) * 4 * (size_t)(H + V)) == 0);
     CHECK(pool_reserve(p, sizeof(float) * kern_scratch_floats(m.max_cols), &err) == 0);
-    blk b = {&m, hp, kern_select(NULL), p, &ar, &err, NULL};
+    blk b = {&m, hp, kern_select(NULL), p, &ar, &err, NULL, NULL};
     float *h = malloc(sizeof(float) * (size_t)H), *x = malloc(sizeof(float) * (size_t)H);
     float *lg = malloc(sizeof(float) * (size_t)V);
     const float *tap_last = ref + (size_t)(n - 1) * L * H; /* position n-1: [j] is layer L-1-j */

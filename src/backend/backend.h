@@ -25,6 +25,14 @@
 
 typedef struct backend_ops {
     const char *name; /* "cpu", "cuda" */
+    /* A device's state for one model (its copies of the weights, its queues): opened with the
+     * engine, passed to every operation as b->dev, closed with it. NULL open: none needed. */
+    void *(*open)(const model *m, errbuf *err);
+    void (*close)(void *dev);
+    /* The memory a session's passes read and write (the pass arena's block, the attention caches):
+     * bytes aligned to 64, NULL when out of memory. NULL mem_alloc: host memory (malloc). */
+    void *(*mem_alloc)(void *dev, size_t bytes);
+    void (*mem_free)(void *dev, void *p);
     /* h[t][:] = the embedding row of tokens[t] (host ids), t < T */
     void (*embed)(const blk *b, const int32_t *tokens, int T, float *h);
     /* y[t] = rmsnorm(x[t]) * w, t < T, rows of n (blk_rmsnorm); y may alias x */
@@ -40,8 +48,10 @@ typedef struct backend_ops {
     void (*add)(const blk *b, float *y, const float *a, size_t n);
     /* dst[j] = src[j], j < n, both the backend's buffers */
     void (*copy)(const blk *b, float *dst, const float *src, size_t n);
-    /* host[t * vocab + v] = lm_head[v] . x[t], t < T: the logits, into host memory */
-    void (*head)(const blk *b, const kmat *lm_head, const float *x, int T, float *host);
+    /* host[t * vocab + v] = lm_head[v] . x[t], t < T: the logits, into host memory; -1 (b->err)
+     * when the device failed anywhere in the pass (a device backend reports its errors here, where
+     * the pass waits for it) */
+    int (*head)(const blk *b, const kmat *lm_head, const float *x, int T, float *host);
     /* host[j] = buf[j], j < n (taps) */
     void (*read)(const blk *b, float *host, const float *buf, size_t n);
     /* router lookahead for layer i from a stand-in of its FFN input x [T][H] (blk_moe_guess):
@@ -50,6 +60,8 @@ typedef struct backend_ops {
 } backend_ops;
 
 extern const backend_ops backend_cpu;
+/* In a build with CUDA (make CUDA=1): src/backend/cuda/backend_cuda.c. */
+extern const backend_ops backend_cuda;
 
 /* The backend named by `device` ("cpu"; "cuda" or "cuda:N" in a build with CUDA), NULL with err
  * set when this build or machine has none such. */

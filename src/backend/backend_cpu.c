@@ -4,6 +4,9 @@
 
 #include "backend/backend.h"
 
+/* defined only in a CUDA build; its address is NULL in any other */
+extern const backend_ops backend_cuda __attribute__((weak));
+
 static void cpu_embed(const blk *b, const int32_t *tokens, int T, float *h)
 {
     int H = b->hp->hidden;
@@ -66,9 +69,10 @@ static void cpu_copy(const blk *b, float *dst, const float *src, size_t n)
     memcpy(dst, src, n * sizeof(float));
 }
 
-static void cpu_head(const blk *b, const kmat *lm_head, const float *x, int T, float *host)
+static int cpu_head(const blk *b, const kmat *lm_head, const float *x, int T, float *host)
 {
     blk_matmul(b, lm_head, x, T, host);
+    return 0;
 }
 
 static void cpu_guess(const blk *b, int i, const layer_w *L, const float *x, int T)
@@ -95,9 +99,9 @@ const backend_ops *backend_select(const char *device, errbuf *err)
     if (!device || !strcmp(device, "cpu"))
         return &backend_cpu;
     if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
-        /* src/backend/cuda has the GPU's kernels (make CUDA=1, make test-cuda), not yet its blocks */
-        errbuf_set(err, "--device %s: no backend runs a whole pass on the GPU yet (its kernels are in "
-                        "src/backend/cuda); use --device cpu", device);
+        if (&backend_cuda) /* linked in by make CUDA=1 */
+            return &backend_cuda;
+        errbuf_set(err, "--device %s: this build has no CUDA backend (build it with make CUDA=1)", device);
         return NULL;
     }
     errbuf_set(err, "--device %s: unknown device (cpu, cuda or cuda:N)", device);

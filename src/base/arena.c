@@ -16,6 +16,13 @@ int arena_init(arena *a, size_t cap)
     return 0;
 }
 
+void arena_init_at(arena *a, void *base, size_t cap)
+{
+    memset(a, 0, sizeof *a);
+    a->base = base;
+    a->cap = cap & ~(size_t)63;
+}
+
 void arena_free(arena *a)
 {
     free(a->base);

@@ -19,6 +19,9 @@ typedef struct arena {
 } arena;
 
 int arena_init(arena *a, size_t cap); /* 0 or -1 (out of memory) */
+/* An arena over memory the caller owns (cap bytes at a 64-byte aligned base, device memory
+ * included: the arena only does arithmetic on it); arena_free must not be called on it. */
+void arena_init_at(arena *a, void *base, size_t cap);
 void arena_free(arena *a);
 void *arena_alloc(arena *a, size_t bytes); /* NULL when the arena is full */
 void *arena_zalloc(arena *a, size_t bytes);

@@ -210,6 +210,19 @@ out:
     return rc;
 }
 
+/* The backend's state for the model (its copies of the weights): a device backend holds every
+ * weight, so a weight store, which streams them through RAM, is not for it yet. */
+static int engine_start_backend(engine *e, errbuf *err)
+{
+    if (!e->be->open)
+        return 0;
+    if (e->store)
+        return errbuf_set(err, "--device %s: the model must fit the device whole (weights streamed from a store "
+                               "run on the CPU only so far)", e->be->name);
+    e->be_dev = e->be->open(e->m, err);
+    return e->be_dev ? 0 : -1;
+}
+
 int engine_open(const engine_opts *o, engine **out, errbuf *err)
 {
     *out = NULL;
@@ -254,6 +267,10 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
         }
         blob_table_free(&bt);
     }
+    if (engine_start_backend(e, err) != 0) {
+        engine_free(e);
+        return -1;
+    }
     *out = e;
     return 0;
 fail:
@@ -276,6 +293,10 @@ int engine_wrap(const model *m, struct store *st, const engine_opts *o, engine *
         free(e);
         return -1;
     }
+    if (engine_start_backend(e, err) != 0) {
+        engine_free(e);
+        return -1;
+    }
     *out = e;
     return 0;
 }
@@ -285,6 +306,8 @@ void engine_free(engine *e)
     if (!e)
         return;
     assert(atomic_load(&e->sessions) == 0);
+    if (e->be_dev)
+        e->be->close(e->be_dev);
     if (e->own_parts) {
         errbuf err;
         if (e->store && store_heat_save(e->store, &err) != 0)

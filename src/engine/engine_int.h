@@ -49,6 +49,7 @@ struct engine {
     int own_pool;           /* 0: borrowed from engine_opts.pool_of */
     const kern_ops *k;
     const backend_ops *be;  /* where passes run (backend.h) */
+    void *be_dev;           /* its state for the model (be->open), NULL for the CPU */
     tok *tk;                /* loaded on first use */
     int dfsp, spine_int8;
     atomic_int sessions;    /* alive; engine_free asserts none */

@@ -155,7 +155,7 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
     const hparams *hp = &m->hp;
     int H = hp->hidden, pos0 = s->n;
     size_t mark = arena_mark(&s->ar);
-    blk b = {m, hp, s->e->k, s->e->pool, &s->ar, err, s->e->xs};
+    blk b = {m, hp, s->e->k, s->e->pool, &s->ar, err, s->e->xs, s->e->be_dev};
     const backend_ops *be = s->e->be;
     bind_states(s, logged);
     if (b.xs && b.xs->pass_begin)
@@ -237,7 +237,8 @@ int pass_run(session *s, const int32_t *tokens, int T, int n_logits, const int *
     if (n_logits > 0) {
         int first = T - n_logits;
         be->rmsnorm(&b, h + (size_t)first * H, m->final_norm, n_logits, H, hp->rms_eps, x);
-        be->head(&b, &m->lm_head, x, n_logits, s->lg);
+        if (be->head(&b, &m->lm_head, x, n_logits, s->lg))
+            goto out;
         for (int t = 0; t < n_logits; t++) { /* garbage in the weights is an error, not a token */
             const float *lg = s->lg + (size_t)t * hp->vocab;
             for (int v = 0; v < hp->vocab; v++)

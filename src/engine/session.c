@@ -38,6 +38,24 @@ static float *alloc_floats(size_t n)
     return posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)) == 0 ? p : NULL;
 }
 
+/* Memory the passes read and write: the backend's (a device's), or the host's. */
+static float *session_mem(session *s, size_t n)
+{
+    const backend_ops *be = s->e->be;
+    return be->mem_alloc ? be->mem_alloc(s->e->be_dev, (n ? n : 1) * sizeof(float)) : alloc_floats(n);
+}
+
+static void session_mem_free(session *s, void *p)
+{
+    const backend_ops *be = s->e->be;
+    if (be->mem_alloc) {
+        if (p)
+            be->mem_free(s->e->be_dev, p);
+    } else {
+        free(p);
+    }
+}
+
 static void ckpt_drop_all(session *s)
 {
     for (int i = 0; i < s->nck; i++)
@@ -69,7 +87,7 @@ static int grow(session *s, int need, errbuf *err)
                 }
             s->chunk_cap = nc;
         }
-        float *blk = alloc_floats(s->chunk_floats);
+        float *blk = session_mem(s, s->chunk_floats);
         if (!blk)
             goto oom;
         s->chunk_mem[s->nchunks] = blk;
@@ -104,7 +122,7 @@ void session_free(session *s)
     free(s->rec[0]);
     free(s->rec[1]);
     for (int c = 0; c < s->nchunks; c++)
-        free(s->chunk_mem[c]);
+        session_mem_free(s, s->chunk_mem[c]);
     free(s->chunk_mem);
     if (s->L)
         for (int i = 0; i < s->hp->n_layers; i++)
@@ -115,7 +133,10 @@ void session_free(session *s)
     free(s->lg);
     free(s->sink_layers);
     free(s->sink_buf);
-    arena_free(&s->ar);
+    if (s->e->be->mem_alloc)
+        session_mem_free(s, s->ar.base);
+    else
+        arena_free(&s->ar);
     if (s->e) {
         int was = atomic_fetch_sub(&s->e->sessions, 1);
         assert(was > 0);
@@ -182,7 +203,11 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
         goto out;
     }
     s->st.log_bytes = logn * sizeof(float);
-    if (arena_init(&s->ar, pass_floats(m, s->o.max_pass) * sizeof(float)) != 0) {
+    size_t ar_bytes = pass_floats(m, s->o.max_pass) * sizeof(float);
+    void *ar_dev = e->be->mem_alloc ? e->be->mem_alloc(e->be_dev, ar_bytes) : NULL;
+    if (ar_dev)
+        arena_init_at(&s->ar, ar_dev, ar_bytes);
+    if (e->be->mem_alloc ? !ar_dev : arena_init(&s->ar, ar_bytes) != 0) {
         errbuf_set(err, "session: out of memory for pass scratch (%d tokens)", s->o.max_pass);
         goto out;
     }
@@ -341,7 +366,7 @@ static int commit(session *s, int n_keep, errbuf *err)
         return 0;
     }
     size_t mark = arena_mark(&s->ar);
-    blk b = {s->m, s->hp, s->e->k, s->e->pool, &s->ar, err, NULL};
+    blk b = {s->m, s->hp, s->e->k, s->e->pool, &s->ar, err, NULL, NULL}; /* host state: the CPU */
     const hparams *hp = s->hp;
     size_t S_floats = (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim;
     int kda = 0, rc = 0;

@@ -112,9 +112,19 @@ static void put(sfile_out *o, const void *p, size_t n)
     o->bad = file_out_write(&o->f, p, n, o->err) != 0;
 }
 
+/* The caches of a session on a device backend live in its memory, which these files do not read
+ * or write yet. */
+static int sfile_host_only(const session *s, const char *path, errbuf *err)
+{
+    if (s->e->be->mem_alloc)
+        return errbuf_set(err, "%s: session files hold host memory; this session's caches are on --device %s",
+                          path, s->e->be->name);
+    return 0;
+}
+
 int session_save(session *s, const char *path, errbuf *err)
 {
-    if (engine_enter(s->e, err))
+    if (sfile_host_only(s, path, err) || engine_enter(s->e, err))
         return -1;
     sfile_out o = {.err = err};
     int rc = -1;
@@ -230,7 +240,7 @@ int session_file_tokens(engine *e, const char *path, int32_t **ids, int *n, errb
 
 int session_load(session *s, const char *path, errbuf *err)
 {
-    if (engine_enter(s->e, err))
+    if (sfile_host_only(s, path, err) || engine_enter(s->e, err))
         return -1;
     file_map m = {0};
     const sfile_head *h = NULL;

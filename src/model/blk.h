@@ -85,6 +85,7 @@ typedef struct blk {
     arena *ar;       /* pass scratch */
     errbuf *err;
     const weight_src *xs; /* NULL: every weight from the model's views */
+    void *dev;       /* the backend's state for this model (backend.h), NULL for the CPU */
 } blk;
 
 /* Float scratch from the pass arena; NULL (with b->err set) if the arena is exhausted. */

@@ -156,3 +156,110 @@ static const kern_ops *cuda_ops(void)
 
 TEST(kern_cuda_matches_scalar) { kern_test_matches_scalar(cuda_ops()); }
 TEST(kern_cuda_elementwise) { kern_test_elementwise(cuda_ops()); }
+
+/* ---- whole passes: the CUDA backend against the CPU's, memcmp ---- */
+
+#include "engine/engine_int.h"
+#include "test_util.h"
+
+/* an engine over m on `device` ("cpu" or "cuda"), two threads, the best CPU kernels */
+static engine *dev_engine(const model *m, const char *device, errbuf *err)
+{
+    engine_opts o;
+    engine_opts_default(&o);
+    o.threads = 2;
+    o.device = device;
+    engine *e = NULL;
+    return engine_wrap(m, NULL, &o, &e, err) == 0 ? e : NULL;
+}
+
+/* Every position's logits of a 40-token sequence (two KV chunks' worth of rows would need 257:
+ * the chunk walk is covered by cuda_backend_long_context), in passes of 1, 7 and 40 tokens on the
+ * GPU, against one CPU run: the same bits for every chunking. */
+static void gpu_case(const char *name)
+{
+    if (!cuda_ops()) {
+        test_skip("no CUDA device");
+        return;
+    }
+    errbuf err;
+    model m;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
+    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    enum { N = 40 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 7919 + 17) % m.hp.vocab);
+    size_t V = (size_t)m.hp.vocab;
+    int on_gpu = gpu && gpu->be == &backend_cuda && gpu->be_dev; /* not the CPU behind another name */
+    float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
+    static const int chunks[] = {1, 7, N};
+    int bad_chunk = -1;
+    for (size_t c = 0; want && c < sizeof chunks / sizeof chunks[0] && bad_chunk < 0; c++) {
+        float *got = tu_eval_engine(gpu, ids, N, chunks[c], &err);
+        if (!got || memcmp(got, want, sizeof(float) * N * V))
+            bad_chunk = chunks[c];
+        free(got);
+    }
+    int ok = gpu && want;
+    free(want);
+    engine_free(gpu);
+    engine_free(cpu);
+    model_free(&m);
+    CHECKF(ok, "%s: %s", name, err.msg);
+    CHECKF(on_gpu, "%s: the engine asked for --device cuda does not run on the CUDA backend", name);
+    CHECKF(bad_chunk < 0, "%s: the GPU's logits in passes of %d differ from the CPU's (%s)", name, bad_chunk,
+           err.msg);
+}
+
+TEST(cuda_backend_qwen3_a) { gpu_case("qwen3-a"); }
+TEST(cuda_backend_qwen3_h) { gpu_case("qwen3-h"); }
+
+/* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
+TEST(cuda_backend_long_context)
+{
+    if (!cuda_ops()) {
+        test_skip("no CUDA device");
+        return;
+    }
+    errbuf err;
+    model m;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen3-a", test_data("oracle"));
+    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    enum { N = 300 };
+    int32_t *ids = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 31 + 5) % m.hp.vocab);
+    float *want = gpu ? tu_eval_engine(cpu, ids, N, 64, &err) : NULL;
+    float *got = want ? tu_eval_engine(gpu, ids, N, 64, &err) : NULL;
+    int same = got && !memcmp(got, want, sizeof(float) * N * (size_t)m.hp.vocab);
+    free(ids);
+    free(want);
+    free(got);
+    engine_free(gpu);
+    engine_free(cpu);
+    model_free(&m);
+    CHECKF(same, "300 positions on the GPU differ from the CPU's (%s)", err.msg);
+}
+
+/* what the GPU does not run yet is refused when the engine opens, naming it */
+TEST(cuda_backend_refuses_what_it_lacks)
+{
+    if (!cuda_ops()) {
+        test_skip("no CUDA device");
+        return;
+    }
+    errbuf err;
+    model m;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kimi_k3-a", test_data("oracle"));
+    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
+    engine *gpu = dev_engine(&m, "cuda", &err);
+    engine_free(gpu);
+    model_free(&m);
+    CHECK(gpu == NULL && strstr(err.msg, "--device cuda") && !strchr(err.msg, '\n'));
+}

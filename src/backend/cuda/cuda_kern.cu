@@ -198,12 +198,12 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * many bytes in flight as it can. A block of GV_WARPS warps walks its rows in blocks of
  * gv_cols<FMT>() columns. Each warp owns GV_RW rows (each half-warp GV_RW / 2 of them, one lane
  * of seq16 per thread): it loads the next column block's raw bytes with 16-byte loads into
- * registers while it reduces the current one from shared memory, where each lane decodes its own
- * columns exactly, in its lane order, with one scale load per 32 columns. The block's warps share
+ * registers (and the block's scales, decoded, beside them) while it reduces the current one from
+ * shared memory, where each lane decodes its own columns exactly, in its lane order. The block's warps share
  * the activations of the column block, copied asynchronously into a second shared buffer one
  * block ahead. Rows must be 16-byte aligned and a whole number of column blocks long (K3's and
  * the usual shapes are); other matrices take k_matmul, which gives the same bits. */
-enum { GV_RW = 8, GV_WARPS = 4 };
+enum { GV_RW = 8, GV_WARPS = 2 };
 
 template <int FMT> __host__ __device__ constexpr int gv_cols()
 {
@@ -264,6 +264,8 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
                                                    half-warps read different banks */
     __shared__ float xs[2][TT * C];
     __shared__ float e2m1[16];
+    constexpr int NG = C / 32, NS = has_scale<FMT>() ? (GV_RW * NG + 31) / 32 : 1;
+    __shared__ float scs[GV_WARPS][GV_RW * NG]; /* the warp's rows' scales of the block, decoded */
     const int warp = threadIdx.x / 32, tl = threadIdx.x & 31, half = tl >> 4, lane = tl & 15;
     const int rbase = r0 + (blockIdx.x * GV_WARPS + warp) * GV_RW, nblk = w.cols / C;
     if (threadIdx.x < 16)
@@ -271,12 +273,20 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
     /* a warp past r1 still takes part in the block's copies and barriers; its loads repeat the
      * last row, as do the rows of a partial warp, and nothing of theirs is stored */
     uint4 buf[NV];
+    float sbuf[NS]; /* this thread's share of the next block's scales (read while its bytes arrive) */
     auto load_w = [&](int blk) {
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             int idx = tl + 32 * v, rr = idx / V, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
             buf[v] = __ldg((const uint4 *)(w.data + (size_t)r * w.row_bytes + (size_t)blk * RB) + idx % V);
         }
+        if (has_scale<FMT>())
+#pragma unroll
+            for (int v = 0; v < NS; v++) {
+                int e = tl + 32 * v, rr = e / NG, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
+                if (e < GV_RW * NG)
+                    sbuf[v] = d_scale32<FMT>(w, r, blk * C + 32 * (e % NG));
+            }
     };
     auto load_x = [&](int blk) {
         float *dst = xs[blk & 1];
@@ -304,6 +314,11 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
             int idx = tl + 32 * v;
             raw[warp][(idx / V) * VS + idx % V] = buf[v];
         }
+        if (has_scale<FMT>())
+#pragma unroll
+            for (int v = 0; v < NS; v++)
+                if (tl + 32 * v < GV_RW * NG)
+                    scs[warp][tl + 32 * v] = sbuf[v];
         if (b + 1 < nblk) {
             load_x(b + 1);
             load_w(b + 1);
@@ -313,15 +328,12 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
         }
         __syncthreads(); /* block b's activations and this warp's raw rows are in place */
         const float *xb = xs[b & 1];
-        const int c0 = b * C;
 #pragma unroll 2
         for (int g = 0; g < C / 32; g++) {
             float sc[RT];
 #pragma unroll
-            for (int j = 0; j < RT; j++) {
-                int rr = half * RT + j, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
-                sc[j] = has_scale<FMT>() ? d_scale32<FMT>(w, r, c0 + 32 * g) : 1.0f;
-            }
+            for (int j = 0; j < RT; j++)
+                sc[j] = has_scale<FMT>() ? scs[warp][(half * RT + j) * NG + g] : 1.0f;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int c = lane_col<FMT>(lane, 2 * g + h);

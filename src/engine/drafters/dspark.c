@@ -91,7 +91,7 @@ static float *scratch(dspark *x, size_t n, errbuf *err)
 
 static blk blk_of(dspark *x, errbuf *err)
 {
-    return (blk){&x->m, &x->hp, x->e->k, x->e->pool, &x->ar, err, NULL};
+    return (blk){&x->m, &x->hp, x->e->k, x->e->pool, &x->ar, err, NULL, NULL};
 }
 
 /* room for context rows below `need` */

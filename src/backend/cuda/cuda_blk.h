@@ -1,0 +1,36 @@
+/* cuda_blk.h — the GPU kernels of a pass's blocks beyond kern.h's operations (cuda_kern.h): RMSNorm,
+ * residual adds, RoPE, the GQA cache rows and GQA attention, each the same operations in the same
+ * order as the CPU's code it names (blk_common.c, blk_gqa.c), so the same bits. Device pointers,
+ * queued on `stream` (NULL: the default stream). */
+#ifndef DF_BACKEND_CUDA_CUDA_BLK_H
+#define DF_BACKEND_CUDA_CUDA_BLK_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* blk_rmsnorm: y[t] = x[t] * (1 / sqrt(seq64 dot(x[t], x[t]) / n + eps)) * w, rows of n; y may be x;
+ * w NULL: no weight */
+void cudab_rmsnorm(const float *x, const float *w, int T, int n, float eps, float *y, void *stream);
+/* y[j] = y[j] + a[j] */
+void cudab_add(float *y, const float *a, size_t n, void *stream);
+/* blk_rope_apply to each of T x heads vectors of hd floats (v[(t * heads + h) * hd]), with row t of
+ * cs [T][rope_dim] (blk_rope_table's cos then sin halves); interleaved: pairs (2i, 2i+1), else
+ * (i, i + rope_dim / 2) */
+void cudab_rope(float *v, int T, int heads, int hd, int rope_dim, int interleaved, const float *cs, void *stream);
+/* GQA's cache rows of positions pos0 .. pos0+T-1: row = [k (nkv x hd), v (nkv x hd)], in chunks of
+ * 256 rows (chunks: a device array of the chunk pointers) */
+void cudab_gqa_store(float *const *chunks, int pos0, int T, const float *k, const float *v, int nkv, int hd,
+                     void *stream);
+/* blk_gqa's attention of T queries q [T][nh][hd] at positions pos0 .. over the cache into
+ * o [T][nh][hd]; sc: scratch of T * nh * (pos0 + T) floats */
+void cudab_gqa_attend(const float *q, float *const *chunks, int pos0, int T, int nh, int nkv, int hd, float scale,
+                      float *sc, float *o, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
