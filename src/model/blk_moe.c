@@ -1,6 +1,6 @@
 /* blk_moe.c — mixture of experts over T positions.
  *
- * Router per position (float32): sigmoid scores with an optional selection bias and grouped
+ * Router per position (float32, moe_route.h, which the GPU compiles too): sigmoid scores with an optional selection bias and grouped
  * top-k (DeepSeek/Kimi), or softmax over all experts then top-k (Qwen3-MoE). The weights are
  * the unbiased scores, renormalised when configured (+1e-20 for sigmoid), times
  * routed_scaling_factor. Each position's chosen experts are kept sorted by expert id: that is
@@ -14,83 +14,7 @@
 #include <string.h>
 
 #include "model/blk.h"
-
-/* Top-k of v[0..n) (descending; ties keep the lower index), k <= n. */
-static void topk(const float *v, int n, int k, int *idx)
-{
-    for (int j = 0; j < k; j++)
-        idx[j] = -1;
-    for (int i = 0; i < n; i++) {
-        if (v[i] == -INFINITY && k > 0 && idx[k - 1] >= 0)
-            continue;
-        int pos = k;
-        while (pos > 0 && (idx[pos - 1] < 0 || v[i] > v[idx[pos - 1]]))
-            pos--;
-        if (pos >= k)
-            continue;
-        memmove(idx + pos + 1, idx + pos, sizeof(int) * (size_t)(k - 1 - pos));
-        idx[pos] = i;
-    }
-}
-
-static void route(const hparams *hp, const moe_w *w, const float *logit, float *tmp, int *sel, float *wt)
-{
-    int E = hp->n_experts, K = hp->top_k;
-    float *score = tmp, *choice = tmp + E;
-    if (hp->router == ROUTER_SOFTMAX) {
-        float mx = -INFINITY, sum = 0.0f;
-        for (int e = 0; e < E; e++)
-            mx = logit[e] > mx ? logit[e] : mx;
-        for (int e = 0; e < E; e++) {
-            score[e] = km_expf(logit[e] - mx);
-            sum += score[e];
-        }
-        for (int e = 0; e < E; e++)
-            score[e] /= sum;
-    } else {
-        for (int e = 0; e < E; e++)
-            score[e] = blk_sigmoid(logit[e]);
-    }
-    for (int e = 0; e < E; e++)
-        choice[e] = score[e] + (w->bias ? w->bias[e] : 0.0f);
-    if (hp->n_group > 1) { /* keep the topk_group groups with the best top-2 sums */
-        int G = hp->n_group, per = E / G, gsel[MODEL_MAX_GROUPS], top2[2];
-        float gscore[MODEL_MAX_GROUPS]; /* G <= MAX_GROUPS (cfg_validate) */
-        for (int g = 0; g < G; g++) {
-            topk(choice + g * per, per, 2, top2);
-            gscore[g] = choice[g * per + top2[0]] + choice[g * per + top2[1]];
-        }
-        topk(gscore, G, hp->topk_group, gsel);
-        for (int g = 0; g < G; g++) {
-            int keep = 0;
-            for (int j = 0; j < hp->topk_group; j++)
-                keep |= gsel[j] == g;
-            if (!keep)
-                for (int e = g * per; e < (g + 1) * per; e++)
-                    choice[e] = -INFINITY;
-        }
-    }
-    topk(choice, E, K, sel);
-    /* ascending expert id: the summation order of this position's experts */
-    for (int a = 1; a < K; a++)
-        for (int c = a; c > 0 && sel[c] < sel[c - 1]; c--) {
-            int t = sel[c];
-            sel[c] = sel[c - 1];
-            sel[c - 1] = t;
-        }
-    float sum = 0.0f;
-    for (int j = 0; j < K; j++) {
-        wt[j] = score[sel[j]];
-        sum += wt[j];
-    }
-    if (hp->norm_topk && K > 1) {
-        float den = hp->router == ROUTER_SIGMOID ? sum + 1e-20f : sum;
-        for (int j = 0; j < K; j++)
-            wt[j] /= den;
-    }
-    for (int j = 0; j < K; j++)
-        wt[j] *= hp->routed_scale;
-}
+#include "model/moe_route.h"
 
 /* Router lookahead: starts the reads of the experts layer `layer` would pick for x (a stand-in for
  * its FFN input, which does not exist yet); only a hint, nothing is decided by it. Scratch from
@@ -107,7 +31,7 @@ void blk_moe_guess(const blk *b, int layer, const moe_w *w, const float *x, int 
     if (sel && wt && logit && tmp) { /* else: a hint only */
         blk_matmul(b, &w->router, x, T, logit);
         for (int t = 0; t < T; t++) {
-            route(hp, w, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
+            moe_route(hp, w->bias, logit + (size_t)t * hp->n_experts, tmp, sel, wt);
             b->xs->prefetch(b->xs->ctx, layer, sel, hp->top_k);
         }
     }
@@ -132,26 +56,11 @@ int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, floa
         return -1;
     blk_matmul(b, &w->router, x, T, logit);
     for (int t = 0; t < T; t++)
-        route(hp, w, logit + (size_t)t * E, tmp, sel + (size_t)t * K, wt + (size_t)t * K);
+        moe_route(hp, w->bias, logit + (size_t)t * E, tmp, sel + (size_t)t * K, wt + (size_t)t * K);
     if (hp->latent)
         blk_matmul(b, &w->lat_down, x, T, xe);
     const float *xin = hp->latent ? xe : x;
-    /* counting sort of the T*K choices by expert: order[start[e] .. start[e+1]) lists, in
-     * position order, the choices j = t*K + slot that picked expert e; the union of the
-     * positions' experts (each computed once over the positions that chose it) falls out */
-    memset(start, 0, sizeof(int) * ((size_t)E + 1));
-    for (int j = 0; j < T * K; j++)
-        start[sel[j] + 1]++;
-    for (int e = 0; e < E; e++)
-        start[e + 1] += start[e];
-    int *cursor = uni; /* borrowed until the union is listed */
-    memcpy(cursor, start, sizeof(int) * (size_t)E);
-    for (int j = 0; j < T * K; j++)
-        order[cursor[sel[j]]++] = j;
-    int nu = 0;
-    for (int e = 0; e < E; e++)
-        if (start[e + 1] > start[e])
-            uni[nu++] = e;
+    int nu = moe_group(sel, T * K, E, start, order, uni);
     if (b->xs && b->xs->begin(b->xs->ctx, layer, uni, nu, b->err) != 0)
         return -1;
     /* shared experts first: they need no reads, so with streamed experts they run while the

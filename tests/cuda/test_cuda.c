@@ -216,6 +216,8 @@ static void gpu_case(const char *name)
 
 TEST(cuda_backend_qwen3_a) { gpu_case("qwen3-a"); }
 TEST(cuda_backend_qwen3_h) { gpu_case("qwen3-h"); }
+TEST(cuda_backend_qwen3_moe_a) { gpu_case("qwen3_moe-a"); }
+TEST(cuda_backend_qwen3_moe_h) { gpu_case("qwen3_moe-h"); }
 
 /* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
 TEST(cuda_backend_long_context)

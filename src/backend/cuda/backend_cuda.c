@@ -1,10 +1,11 @@
 /* backend_cuda.c — the CUDA backend (backend.h): a pass's blocks on the GPU, with the CPU's bits.
  *
- * What runs here so far: models whose layers are GQA attention with dense gated MLPs and a plain
- * residual stream (Qwen3), every weight format, all of it on the GPU but the RoPE table (computed
- * on the host by blk_rope_table, the CPU's own code, and copied up). Other layer kinds (KDA, MLA,
- * MoE, AttnRes) are refused when the engine opens, naming the layer; a weight store's streaming is
- * refused by the engine (engine.c).
+ * What runs here so far: models whose attention is GQA, with dense gated MLPs or MoE (routed,
+ * latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE), every
+ * weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
+ * the CPU's own code, and copied up) and the grouping of a MoE layer's choices by expert (the
+ * router runs on the GPU; its choices come back). KDA and MLA layers are refused when the engine
+ * opens, naming the layer; a weight store's streaming is refused by the engine (engine.c).
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
@@ -23,6 +24,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_blk.h"
 #include "backend/cuda/cuda_kern.h"
+#include "model/moe_route.h"
 
 typedef struct dev_span {
     const uint8_t *h; /* host bytes [len] */
@@ -38,6 +40,9 @@ typedef struct cuda_dev {
     size_t cs_cap;
     float *sc;    /* device: [sc_cap] attention scores */
     size_t sc_cap;
+    int *sel;     /* host: [4 * moe_cap + n_experts + 1] a MoE layer's choices, then its order, starts
+                     and union (moe_route.h's moe_group) */
+    size_t moe_cap;
 } cuda_dev;
 
 static int cu_err(errbuf *err, const char *what, cudaError_t e)
@@ -149,24 +154,41 @@ static void cuda_close(void *p)
     for (int i = 0; i < d->n; i++)
         cudaFree(d->sp[i].d);
     cudaFree(d->sc);
+    free(d->sel);
     free(d->sp);
     free(d->cs);
     free(d);
 }
 
+static int mlp_add(cuda_dev *d, const mlp_w *w, errbuf *err)
+{
+    return mat_add(d, &w->gate, err) || mat_add(d, &w->up, err) || mat_add(d, &w->down, err);
+}
+
+/* a layer's feed-forward weights: the dense MLP, or the MoE's router, latent projections, experts and
+ * shared experts */
+static int ffn_add(cuda_dev *d, const hparams *hp, int i, const layer_w *L, errbuf *err)
+{
+    if (hp->ffn_kind[i] == FFN_DENSE)
+        return mlp_add(d, &L->mlp, err);
+    const moe_w *w = &L->moe;
+    size_t E = (size_t)hp->n_experts;
+    int bad = mat_add(d, &w->router, err) || span_add(d, w->bias, E * sizeof(float), err) ||
+              mat_add(d, &w->lat_down, err) || mat_add(d, &w->lat_up, err) ||
+              span_add(d, w->lat_norm, (size_t)hp->latent * sizeof(float), err) ||
+              (hp->n_shared > 0 && mlp_add(d, &w->shared, err));
+    for (size_t e = 0; e < E && !bad; e++)
+        bad = mlp_add(d, &w->experts[e], err);
+    return bad;
+}
+
 static void *cuda_open(const model *m, errbuf *err)
 {
     const hparams *hp = &m->hp;
-    if (hp->attnres_block > 0) {
-        errbuf_set(err, "--device cuda: %s: Block AttnRes is not on the GPU yet (GQA with dense MLPs is)", m->dir);
-        return NULL;
-    }
     for (int i = 0; i < hp->n_layers; i++)
-        if (hp->attn_kind[i] != ATTN_GQA || hp->ffn_kind[i] != FFN_DENSE) {
-            errbuf_set(err, "--device cuda: %s: layer %d has %s attention and a %s feed-forward; the GPU runs GQA "
-                            "with dense MLPs so far",
-                       m->dir, i, hp->attn_kind[i] == ATTN_KDA ? "KDA" : hp->attn_kind[i] == ATTN_MLA ? "MLA" : "GQA",
-                       hp->ffn_kind[i] == FFN_MOE ? "MoE" : "dense");
+        if (hp->attn_kind[i] != ATTN_GQA) {
+            errbuf_set(err, "--device cuda: %s: layer %d has %s attention; the GPU runs GQA so far", m->dir, i,
+                       hp->attn_kind[i] == ATTN_KDA ? "KDA" : "MLA");
             return NULL;
         }
     int ndev = 0;
@@ -182,14 +204,14 @@ static void *cuda_open(const model *m, errbuf *err)
     }
     size_t H = (size_t)hp->hidden, hd = (size_t)hp->head_dim;
     int bad = mat_add(d, &m->embed, err) || mat_add(d, &m->lm_head, err) ||
-              span_add(d, m->final_norm, H * sizeof(float), err);
+              span_add(d, m->final_norm, H * sizeof(float), err) || span_add(d, m->out_res_u, H * sizeof(float), err);
     for (int i = 0; i < hp->n_layers && !bad; i++) {
         const layer_w *L = &m->L[i];
         bad = span_add(d, L->in_norm, H * sizeof(float), err) || span_add(d, L->post_norm, H * sizeof(float), err) ||
+              span_add(d, L->res_u[0], H * sizeof(float), err) || span_add(d, L->res_u[1], H * sizeof(float), err) ||
               mat_add(d, &L->gqa.q, err) || mat_add(d, &L->gqa.k, err) || mat_add(d, &L->gqa.v, err) ||
               mat_add(d, &L->gqa.o, err) || span_add(d, L->gqa.q_norm, hd * sizeof(float), err) ||
-              span_add(d, L->gqa.k_norm, hd * sizeof(float), err) || mat_add(d, &L->mlp.gate, err) ||
-              mat_add(d, &L->mlp.up, err) || mat_add(d, &L->mlp.down, err);
+              span_add(d, L->gqa.k_norm, hd * sizeof(float), err) || ffn_add(d, hp, i, L, err);
     }
     if (bad || span_upload(d, err) != 0) {
         cuda_close(d);
@@ -292,24 +314,100 @@ out:
 }
 
 /* blk_mlp */
-static int cuda_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
+static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
-    int inter = hp->dense_inter;
     size_t mark = arena_mark(b->ar);
     float *g = blk_alloc(b, (size_t)T * inter), *u = blk_alloc(b, (size_t)T * inter);
-    (void)i;
     if (!g || !u) {
         arena_rewind(b->ar, mark);
         return -1;
     }
-    cu_matmul(b, &L->mlp.gate, x, T, g);
-    cu_matmul(b, &L->mlp.up, x, T, u);
+    cu_matmul(b, &w->gate, x, T, g);
+    cu_matmul(b, &w->up, x, T, u);
     cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, T * inter, hp->situ_beta,
               hp->situ_linear_beta, NULL);
-    cu_matmul(b, &L->mlp.down, g, T, out);
+    cu_matmul(b, &w->down, g, T, out);
     arena_rewind(b->ar, mark);
     return 0;
+}
+
+/* blk_moe's steps, in its order. The router runs on the GPU; its choices come back to the host,
+ * which groups them by expert (moe_route.h, as the CPU does) and queues each chosen expert once
+ * over the positions that chose it. */
+static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    cuda_dev *d = b->dev;
+    int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
+    size_t TK = (size_t)T * K;
+    float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, (size_t)T * 2 * E), *wt = blk_alloc(b, TK);
+    int *sel = (int *)blk_alloc(b, TK), *order = (int *)blk_alloc(b, TK);
+    float *slots = blk_alloc(b, TK * D), *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
+    float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
+    float *g = blk_alloc(b, (size_t)T * I), *u = blk_alloc(b, (size_t)T * I), *r = blk_alloc(b, (size_t)T * D);
+    float *sh = hp->n_shared > 0 ? blk_alloc(b, (size_t)T * H) : NULL;
+    if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !gx || !gy || !g || !u || !r ||
+        (hp->n_shared > 0 && !sh))
+        return -1;
+    if (TK > d->moe_cap) { /* the longest pass so far, not every step */
+        int *h = realloc(d->sel, sizeof(int) * (2 * TK + 2 * (size_t)E + 1));
+        if (!h)
+            return errbuf_set(b->err, "--device cuda: out of memory for the routing of %d positions", T);
+        d->sel = h;
+        d->moe_cap = TK;
+    }
+    int *h_sel = d->sel, *h_order = h_sel + TK, *h_uni = h_order + TK, *h_start = h_uni + E;
+    cu_matmul(b, &w->router, x, T, logit);
+    cudab_route(hp, dev_vec(b, w->bias), logit, T, tmp, sel, wt, NULL);
+    cudaError_t e = cudaMemcpy(h_sel, sel, TK * sizeof(int), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+        return cu_err(b->err, "the router's choices", e);
+    int nu = moe_group(h_sel, (int)TK, E, h_start, h_order, h_uni);
+    if ((e = cudaMemcpy(order, h_order, TK * sizeof(int), cudaMemcpyHostToDevice)) != cudaSuccess)
+        return cu_err(b->err, "the experts' positions", e);
+    if (hp->latent)
+        cu_matmul(b, &w->lat_down, x, T, xe);
+    const float *xin = hp->latent ? xe : x;
+    if (sh && cuda_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
+        return -1;
+    for (int k = 0; k < nu; k++) {
+        int ex = h_uni[k], n = h_start[ex + 1] - h_start[ex];
+        const int *chose = order + h_start[ex];
+        const mlp_w *m = &w->experts[ex];
+        cudab_gather(xin, chose, n, K, D, gx, NULL);
+        cu_matmul(b, &m->gate, gx, n, g);
+        cu_matmul(b, &m->up, gx, n, u);
+        cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, n * I, hp->situ_beta,
+                  hp->situ_linear_beta, NULL);
+        cu_matmul(b, &m->down, g, n, gy);
+        cudab_scatter(gy, chose, n, D, slots, NULL);
+    }
+    cudab_moe_sum(slots, wt, T, K, D, r, NULL);
+    if (hp->latent) {
+        cudab_rmsnorm(r, dev_vec(b, w->lat_norm), T, D, hp->rms_eps, r, NULL);
+        cu_matmul(b, &w->lat_up, r, T, out);
+    } else {
+        cudaMemcpyAsync(out, r, sizeof(float) * (size_t)T * H, cudaMemcpyDeviceToDevice, NULL);
+    }
+    if (sh)
+        cudab_add(out, sh, (size_t)T * H, NULL);
+    return 0;
+}
+
+static int cuda_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
+{
+    size_t mark = arena_mark(b->ar);
+    int rc = b->hp->ffn_kind[i] == FFN_MOE ? cuda_moe(b, &L->moe, x, T, out)
+                                           : cuda_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
+    arena_rewind(b->ar, mark);
+    return rc;
+}
+
+static void cuda_mix(const blk *b, float *const *stack, int ns, const float *prefix, const float *u, int T,
+                     float *out)
+{
+    cudab_attnres_mix(stack, ns, prefix, dev_vec(b, u), T, b->hp->hidden, b->hp->rms_eps, out, NULL);
 }
 
 static void cuda_add(const blk *b, float *y, const float *a, size_t n)
@@ -354,6 +452,7 @@ const backend_ops backend_cuda = {
     .rmsnorm = cuda_rmsnorm,
     .attn = cuda_attn,
     .ffn = cuda_ffn,
+    .mix = cuda_mix,
     .add = cuda_add,
     .copy = cuda_copy,
     .head = cuda_head,

@@ -10,8 +10,10 @@
 
 extern "C" {
 #include "backend/cuda/cuda_blk.h"
+#include "model/model.h"
 }
 #include "kernels/kmath.h"
+#include "model/moe_route.h"
 
 enum { KV_CHUNK = 256 }; /* blk.h's BLK_KV_CHUNK */
 
@@ -165,4 +167,120 @@ extern "C" void cudab_gqa_attend(const float *q, float *const *chunks, int pos0,
     if (T > 0)
         k_gqa_attend<<<(unsigned)(T * nh), 128, 0, (cudaStream_t)stream>>>(q, chunks, pos0, nh, nkv, hd, scale, sc,
                                                                           o);
+}
+
+/* one thread per position: moe_route.h's own code */
+__global__ void k_route(hparams hp, const float *bias, const float *logit, int T, float *tmp, int *sel, float *wt)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T)
+        return;
+    size_t E = (size_t)hp.n_experts, K = (size_t)hp.top_k;
+    moe_route(&hp, bias, logit + t * E, tmp + t * 2 * E, sel + t * K, wt + t * K);
+}
+
+extern "C" void cudab_route(const hparams *hp, const float *bias, const float *logit, int T, float *tmp, int *sel,
+                            float *wt, void *stream)
+{
+    if (T > 0)
+        k_route<<<(unsigned)((T + 63) / 64), 64, 0, (cudaStream_t)stream>>>(*hp, bias, logit, T, tmp, sel, wt);
+}
+
+__global__ void k_gather(const float *x, const int *order, int n, int K, int D, float *gx)
+{
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < (size_t)n * D)
+        gx[e] = x[(size_t)(order[e / D] / K) * D + e % D];
+}
+
+extern "C" void cudab_gather(const float *x, const int *order, int n, int K, int D, float *gx, void *stream)
+{
+    size_t m = (size_t)n * D;
+    if (m)
+        k_gather<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, order, n, K, D, gx);
+}
+
+__global__ void k_scatter(const float *gy, const int *order, int n, int D, float *slots)
+{
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < (size_t)n * D)
+        slots[(size_t)order[e / D] * D + e % D] = gy[e];
+}
+
+extern "C" void cudab_scatter(const float *gy, const int *order, int n, int D, float *slots, void *stream)
+{
+    size_t m = (size_t)n * D;
+    if (m)
+        k_scatter<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(gy, order, n, D, slots);
+}
+
+__global__ void k_moe_sum(const float *slots, const float *wt, int T, int K, int D, float *r)
+{
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)T * D)
+        return;
+    size_t t = e / D, i = e % D;
+    float acc = 0.0f;
+    for (int s = 0; s < K; s++)
+        acc = __fmaf_rn(wt[t * K + s], slots[(t * K + s) * D + i], acc);
+    r[e] = acc;
+}
+
+extern "C" void cudab_moe_sum(const float *slots, const float *wt, int T, int K, int D, float *r, void *stream)
+{
+    size_t m = (size_t)T * D;
+    if (m)
+        k_moe_sum<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(slots, wt, T, K, D, r);
+}
+
+enum { MIX_MAX = 64 };
+struct mix_src {
+    float *p[MIX_MAX]; /* the stack's blocks, then the prefix */
+};
+
+/* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source),
+ * the softmax by one thread in source order, then each element's weighted sum in source order. */
+__global__ void k_attnres_mix(mix_src src, int n, const float *u, int H, float eps, float *out)
+{
+    __shared__ float s[MIX_MAX];
+    size_t t = blockIdx.x;
+    int wi = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int j = wi; j < n; j += warps) {
+        const float *v = src.p[j] + t * H;
+        float ss = warp_dot64(v, v, H);
+        float r = 1.0f / sqrtf(ss / (float)H + eps);
+        float d = warp_dot64(v, u, H);
+        if ((threadIdx.x & 31) == 0)
+            s[j] = d * r;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < n; j++)
+            mx = s[j] > mx ? s[j] : mx;
+        for (int j = 0; j < n; j++)
+            s[j] = km_expf(s[j] - mx);
+        for (int j = 0; j < n; j++)
+            sum += s[j];
+        for (int j = 0; j < n; j++)
+            s[j] = s[j] / sum;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++)
+            acc = __fmaf_rn(s[j], src.p[j][t * H + i], acc);
+        out[t * H + i] = acc;
+    }
+}
+
+extern "C" void cudab_attnres_mix(float *const *stack, int ns, const float *prefix, const float *u, int T, int H,
+                                  float eps, float *out, void *stream)
+{
+    mix_src src;
+    for (int j = 0; j < ns; j++)
+        src.p[j] = stack[j];
+    src.p[ns] = (float *)prefix;
+    if (T > 0)
+        k_attnres_mix<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(src, ns + 1, u, H, eps, out);
 }

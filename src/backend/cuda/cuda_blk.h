@@ -29,6 +29,22 @@ void cudab_gqa_store(float *const *chunks, int pos0, int T, const float *k, cons
 void cudab_gqa_attend(const float *q, float *const *chunks, int pos0, int T, int nh, int nkv, int hd, float scale,
                       float *sc, float *o, void *stream);
 
+struct hparams;
+/* moe_route.h's choice for each of T positions of logits [T][E]: sel, wt [T][top_k]; tmp: scratch
+ * of T * 2 * E floats; bias [E] or NULL */
+void cudab_route(const struct hparams *hp, const float *bias, const float *logit, int T, float *tmp, int *sel,
+                 float *wt, void *stream);
+/* gx[i] = x[order[i] / K] for i < n (rows of D): the positions that chose one expert */
+void cudab_gather(const float *x, const int *order, int n, int K, int D, float *gx, void *stream);
+/* slots[order[i]] = gy[i] for i < n (rows of D) */
+void cudab_scatter(const float *gy, const int *order, int n, int D, float *slots, void *stream);
+/* r[t] = the axpys of slots[t * K + s] weighted wt[t * K + s] for s = 0 .. K-1, from 0 (blk_moe) */
+void cudab_moe_sum(const float *slots, const float *wt, int T, int K, int D, float *r, void *stream);
+/* blk_attnres_mix for each of T positions: the sources stack[0 .. ns)[t] and prefix[t] (rows of H),
+ * score vector u, into out[t] (ns < 63) */
+void cudab_attnres_mix(float *const *stack, int ns, const float *prefix, const float *u, int T, int H, float eps,
+                       float *out, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
