@@ -218,6 +218,12 @@ TEST(cuda_backend_qwen3_a) { gpu_case("qwen3-a"); }
 TEST(cuda_backend_qwen3_h) { gpu_case("qwen3-h"); }
 TEST(cuda_backend_qwen3_moe_a) { gpu_case("qwen3_moe-a"); }
 TEST(cuda_backend_qwen3_moe_h) { gpu_case("qwen3_moe-h"); }
+TEST(cuda_backend_deepseek_v3_a) { gpu_case("deepseek_v3-a"); }
+TEST(cuda_backend_deepseek_v3_fp8) { gpu_case("deepseek_v3-fp8"); }
+TEST(cuda_backend_deepseek_v3_fp8_h) { gpu_case("deepseek_v3-fp8-h"); }
+TEST(cuda_backend_deepseek_v3_yarn) { gpu_case("deepseek_v3-yarn"); }
+TEST(cuda_backend_kimi_k2_int4) { gpu_case("kimi_k2-int4"); }
+TEST(cuda_backend_kimi_k2_int4_h) { gpu_case("kimi_k2-int4-h"); }
 
 /* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
 TEST(cuda_backend_long_context)

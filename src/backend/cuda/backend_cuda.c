@@ -1,11 +1,11 @@
 /* backend_cuda.c — the CUDA backend (backend.h): a pass's blocks on the GPU, with the CPU's bits.
  *
- * What runs here so far: models whose attention is GQA, with dense gated MLPs or MoE (routed,
- * latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE), every
- * weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
+ * What runs here so far: models whose attention is GQA or MLA, with dense gated MLPs or MoE
+ * (routed, latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE,
+ * DeepSeek-V3, Kimi K2 and K2.5), every weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
  * the CPU's own code, and copied up) and the grouping of a MoE layer's choices by expert (the
- * router runs on the GPU; its choices come back). KDA and MLA layers are refused when the engine
- * opens, naming the layer; a weight store's streaming is refused by the engine (engine.c).
+ * router runs on the GPU; its choices come back). KDA layers (Kimi-Linear, K3) are refused when
+ * the engine opens, naming the layer; a weight store's streaming is refused by the engine (engine.c).
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
@@ -40,6 +40,8 @@ typedef struct cuda_dev {
     size_t cs_cap;
     float *sc;    /* device: [sc_cap] attention scores */
     size_t sc_cap;
+    float *wkv;   /* device: [wkv_cap] an MLA layer's kv_b, decoded */
+    size_t wkv_cap;
     int *sel;     /* host: [4 * moe_cap + n_experts + 1] a MoE layer's choices, then its order, starts
                      and union (moe_route.h's moe_group) */
     size_t moe_cap;
@@ -154,6 +156,7 @@ static void cuda_close(void *p)
     for (int i = 0; i < d->n; i++)
         cudaFree(d->sp[i].d);
     cudaFree(d->sc);
+    cudaFree(d->wkv);
     free(d->sel);
     free(d->sp);
     free(d->cs);
@@ -186,11 +189,16 @@ static void *cuda_open(const model *m, errbuf *err)
 {
     const hparams *hp = &m->hp;
     for (int i = 0; i < hp->n_layers; i++)
-        if (hp->attn_kind[i] != ATTN_GQA) {
-            errbuf_set(err, "--device cuda: %s: layer %d has %s attention; the GPU runs GQA so far", m->dir, i,
-                       hp->attn_kind[i] == ATTN_KDA ? "KDA" : "MLA");
+        if (hp->attn_kind[i] == ATTN_KDA) {
+            errbuf_set(err, "--device cuda: %s: layer %d has KDA attention; the GPU runs GQA and MLA so far", m->dir,
+                       i);
             return NULL;
         }
+    if (hp->kv_lora_rank > 1024) {
+        errbuf_set(err, "--device cuda: %s: an MLA latent of %d is wider than the GPU's kernel takes (1024)", m->dir,
+                   hp->kv_lora_rank);
+        return NULL;
+    }
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
@@ -211,7 +219,12 @@ static void *cuda_open(const model *m, errbuf *err)
               span_add(d, L->res_u[0], H * sizeof(float), err) || span_add(d, L->res_u[1], H * sizeof(float), err) ||
               mat_add(d, &L->gqa.q, err) || mat_add(d, &L->gqa.k, err) || mat_add(d, &L->gqa.v, err) ||
               mat_add(d, &L->gqa.o, err) || span_add(d, L->gqa.q_norm, hd * sizeof(float), err) ||
-              span_add(d, L->gqa.k_norm, hd * sizeof(float), err) || ffn_add(d, hp, i, L, err);
+              span_add(d, L->gqa.k_norm, hd * sizeof(float), err) || mat_add(d, &L->mla.q, err) ||
+              mat_add(d, &L->mla.q_a, err) || mat_add(d, &L->mla.q_b, err) ||
+              span_add(d, L->mla.q_a_norm, (size_t)hp->q_lora_rank * sizeof(float), err) ||
+              mat_add(d, &L->mla.kv_a, err) || span_add(d, L->mla.kv_a_norm, (size_t)hp->kv_lora_rank * sizeof(float), err) ||
+              mat_add(d, &L->mla.kv_b, err) || mat_add(d, &L->mla.g, err) || mat_add(d, &L->mla.o, err) ||
+              ffn_add(d, hp, i, L, err);
     }
     if (bad || span_upload(d, err) != 0) {
         cuda_close(d);
@@ -243,33 +256,27 @@ static void cuda_embed(const blk *b, const int32_t *tokens, int T, float *h)
 
 static void cuda_rmsnorm(const blk *b, const float *x, const float *w, int T, int n, float eps, float *y)
 {
-    cudab_rmsnorm(x, dev_vec(b, w), T, n, eps, y, NULL);
+    cudab_rmsnorm(x, dev_vec(b, w), T, n, (size_t)n, eps, y, NULL);
 }
 
-/* blk_gqa's steps, in its order */
-static int cuda_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
-                     float *out)
+/* What an attention block's kernels need besides its buffers, on the device: the RoPE rows of
+ * positions pos0 .. pos0+T-1 (*cs, from blk_rope_table), the cache's chunk pointers (*chunks), and
+ * room for T x heads x (pos0 + T) scores (d->sc). The host-side and score buffers grow only for a
+ * pass longer than any before. */
+static int attn_tables(const blk *b, layer_state *st, int pos0, int T, int heads, float **cs, float ***chunks)
 {
     const hparams *hp = b->hp;
-    const gqa_w *w = &L->gqa;
     cuda_dev *d = b->dev;
-    int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, rd = hp->rope_dim, n = pos0 + T;
-    int nchunks = (n + BLK_KV_CHUNK - 1) / BLK_KV_CHUNK;
-    size_t mark = arena_mark(b->ar);
-    float *q = blk_alloc(b, (size_t)T * nh * hd), *k = blk_alloc(b, (size_t)T * nkv * hd);
-    float *v = blk_alloc(b, (size_t)T * nkv * hd), *o = blk_alloc(b, (size_t)T * nh * hd);
-    float *cs = blk_alloc(b, (size_t)T * rd);
-    float **chunks = (float **)blk_alloc(b, (size_t)nchunks * sizeof(float *) / sizeof(float) + 1);
-    size_t need_cs = (size_t)T * rd, need_sc = (size_t)T * nh * n;
-    int rc = -1;
-    if (!q || !k || !v || !o || !cs || !chunks)
-        goto out;
-    if (need_cs > d->cs_cap) { /* the longest pass so far, not every step */
+    int rd = hp->rope_dim > 0 ? hp->rope_dim : 1, n = pos0 + T, nchunks = (n + BLK_KV_CHUNK - 1) / BLK_KV_CHUNK;
+    size_t need_cs = (size_t)T * rd, need_sc = (size_t)T * heads * n;
+    *cs = blk_alloc(b, need_cs);
+    *chunks = (float **)blk_alloc(b, (size_t)nchunks * sizeof(float *) / sizeof(float) + 1);
+    if (!*cs || !*chunks)
+        return -1;
+    if (need_cs > d->cs_cap) {
         float *c = realloc(d->cs, need_cs * sizeof(float));
-        if (!c) {
-            errbuf_set(b->err, "--device cuda: out of memory for a RoPE table");
-            goto out;
-        }
+        if (!c)
+            return errbuf_set(b->err, "--device cuda: out of memory for a RoPE table");
         d->cs = c;
         d->cs_cap = need_cs;
     }
@@ -278,38 +285,111 @@ static int cuda_attn(const blk *b, int i, const layer_w *L, layer_state *st, int
         d->sc = NULL;
         d->sc_cap = 0;
         cudaError_t e = cudaMalloc((void **)&d->sc, need_sc * sizeof(float));
-        if (e != cudaSuccess) {
-            cu_err(b->err, "attention scores", e);
-            goto out;
-        }
+        if (e != cudaSuccess)
+            return cu_err(b->err, "attention scores", e);
         d->sc_cap = need_sc;
     }
+    if (hp->rope != ROPE_NONE)
+        for (int t = 0; t < T; t++)
+            blk_rope_table(hp, pos0 + t, d->cs + (size_t)t * rd);
+    cudaError_t e = hp->rope != ROPE_NONE ? cudaMemcpy(*cs, d->cs, need_cs * sizeof(float), cudaMemcpyHostToDevice)
+                                          : cudaSuccess;
+    if (e == cudaSuccess)
+        e = cudaMemcpy(*chunks, st->kv, (size_t)nchunks * sizeof(float *), cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? 0 : cu_err(b->err, "attention tables", e);
+}
+
+/* blk_gqa's steps, in its order */
+static int cuda_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    cuda_dev *d = b->dev;
+    int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, rd = hp->rope_dim;
+    float *q = blk_alloc(b, (size_t)T * nh * hd), *k = blk_alloc(b, (size_t)T * nkv * hd);
+    float *v = blk_alloc(b, (size_t)T * nkv * hd), *o = blk_alloc(b, (size_t)T * nh * hd), *cs;
+    float **chunks;
+    if (!q || !k || !v || !o || attn_tables(b, st, pos0, T, nh, &cs, &chunks))
+        return -1;
     cu_matmul(b, &w->q, x, T, q);
     cu_matmul(b, &w->k, x, T, k);
     cu_matmul(b, &w->v, x, T, v);
     if (w->q_norm) {
-        cudab_rmsnorm(q, dev_vec(b, w->q_norm), T * nh, hd, hp->rms_eps, q, NULL);
-        cudab_rmsnorm(k, dev_vec(b, w->k_norm), T * nkv, hd, hp->rms_eps, k, NULL);
-    }
-    for (int t = 0; t < T; t++)
-        blk_rope_table(hp, pos0 + t, d->cs + (size_t)t * rd);
-    cudaError_t e = cudaMemcpy(cs, d->cs, need_cs * sizeof(float), cudaMemcpyHostToDevice);
-    if (e == cudaSuccess)
-        e = cudaMemcpy(chunks, st->kv, (size_t)nchunks * sizeof(float *), cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-        cu_err(b->err, "attention tables", e);
-        goto out;
+        cudab_rmsnorm(q, dev_vec(b, w->q_norm), T * nh, hd, (size_t)hd, hp->rms_eps, q, NULL);
+        cudab_rmsnorm(k, dev_vec(b, w->k_norm), T * nkv, hd, (size_t)hd, hp->rms_eps, k, NULL);
     }
     int inter = hp->rope == ROPE_INTERLEAVED;
-    cudab_rope(q, T, nh, hd, rd, inter, cs, NULL);
-    cudab_rope(k, T, nkv, hd, rd, inter, cs, NULL);
+    cudab_rope(q, T, nh, hd, 0, rd, inter, cs, NULL);
+    cudab_rope(k, T, nkv, hd, 0, rd, inter, cs, NULL);
     cudab_gqa_store(chunks, pos0, T, k, v, nkv, hd, NULL);
     cudab_gqa_attend(q, chunks, pos0, T, nh, nkv, hd, hp->attn_scale, d->sc, o, NULL);
     cu_matmul(b, &w->o, o, T, out);
-    rc = 0;
-out:
-    arena_rewind(b->ar, mark); /* the kernels queued on these buffers run before any later use */
-    (void)i;
+    return 0;
+}
+
+/* blk_mla's steps, in its order; each head's rows of kv_b are decoded once per pass for all heads
+ * (d->wkv), as the CPU decodes them per head */
+static int cuda_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    cuda_dev *d = b->dev;
+    int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, qd = nope + rope, r = hp->kv_lora_rank;
+    int W = r + rope, vd = hp->v_head, ov = nh * vd;
+    float *q = blk_alloc(b, (size_t)T * nh * qd), *kv = blk_alloc(b, (size_t)T * W), *o = blk_alloc(b, (size_t)T * ov);
+    float *cs, **chunks;
+    if (!q || !kv || !o || attn_tables(b, st, pos0, T, nh, &cs, &chunks))
+        return -1;
+    size_t need_wkv = (size_t)w->kv_b.rows * w->kv_b.cols;
+    if (need_wkv > d->wkv_cap) {
+        cudaFree(d->wkv);
+        d->wkv = NULL;
+        d->wkv_cap = 0;
+        cudaError_t e = cudaMalloc((void **)&d->wkv, need_wkv * sizeof(float));
+        if (e != cudaSuccess)
+            return cu_err(b->err, "MLA's decoded kv_b", e);
+        d->wkv_cap = need_wkv;
+    }
+    if (hp->q_lora_rank > 0) {
+        float *cq = blk_alloc(b, (size_t)T * hp->q_lora_rank);
+        if (!cq)
+            return -1;
+        cu_matmul(b, &w->q_a, x, T, cq);
+        cudab_rmsnorm(cq, dev_vec(b, w->q_a_norm), T, hp->q_lora_rank, (size_t)hp->q_lora_rank, hp->mla_norm_eps, cq,
+                      NULL);
+        cu_matmul(b, &w->q_b, cq, T, q);
+    } else {
+        cu_matmul(b, &w->q, x, T, q);
+    }
+    cu_matmul(b, &w->kv_a, x, T, kv);
+    cudab_rmsnorm(kv, dev_vec(b, w->kv_a_norm), T, r, (size_t)W, hp->mla_norm_eps, kv, NULL);
+    if (hp->rope != ROPE_NONE) {
+        int inter = hp->rope == ROPE_INTERLEAVED;
+        cudab_rope(kv, T, 1, W, r, hp->rope_dim, inter, cs, NULL);
+        cudab_rope(q, T, nh, qd, nope, hp->rope_dim, inter, cs, NULL);
+    }
+    cudab_cache_store(chunks, pos0, T, kv, W, NULL);
+    kmat kvb = dev_mat(d, &w->kv_b);
+    cudak_decode_rows(&kvb, 0, w->kv_b.rows, d->wkv, NULL);
+    cudab_mla_attend(q, d->wkv, chunks, pos0, T, nh, nope, rope, r, vd, hp->attn_scale, d->sc, o, NULL);
+    if (hp->mla_out_gate) {
+        float *g = blk_alloc(b, (size_t)T * ov);
+        if (!g)
+            return -1;
+        cu_matmul(b, &w->g, x, T, g);
+        cudab_gate(o, g, (size_t)T * ov, NULL);
+    }
+    cu_matmul(b, &w->o, o, T, out);
+    return 0;
+}
+
+/* Each block's scratch is released when it returns (the kernels queued on it run before any
+ * later use of the memory: one stream). */
+static int cuda_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
+                     float *out)
+{
+    size_t mark = arena_mark(b->ar);
+    int rc = b->hp->attn_kind[i] == ATTN_MLA ? cuda_mla(b, &L->mla, st, pos0, x, T, out)
+                                             : cuda_gqa(b, &L->gqa, st, pos0, x, T, out);
+    arena_rewind(b->ar, mark);
     return rc;
 }
 
@@ -385,7 +465,7 @@ static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *
     }
     cudab_moe_sum(slots, wt, T, K, D, r, NULL);
     if (hp->latent) {
-        cudab_rmsnorm(r, dev_vec(b, w->lat_norm), T, D, hp->rms_eps, r, NULL);
+        cudab_rmsnorm(r, dev_vec(b, w->lat_norm), T, D, (size_t)D, hp->rms_eps, r, NULL);
         cu_matmul(b, &w->lat_up, r, T, out);
     } else {
         cudaMemcpyAsync(out, r, sizeof(float) * (size_t)T * H, cudaMemcpyDeviceToDevice, NULL);

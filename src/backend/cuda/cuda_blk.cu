@@ -34,23 +34,24 @@ __device__ __forceinline__ float warp_dot64(const float *a, const float *b, int 
 }
 
 /* one warp per row; every lane has read its x before the shuffles, so y may be x */
-__global__ void k_rmsnorm(const float *x, const float *w, int T, int n, float eps, float *y)
+__global__ void k_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y)
 {
     int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= T)
         return;
-    const float *xt = x + (size_t)t * n;
-    float *yt = y + (size_t)t * n;
+    const float *xt = x + (size_t)t * ld;
+    float *yt = y + (size_t)t * ld;
     float ss = warp_dot64(xt, xt, n);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x & 31; i < n; i += 32)
         yt[i] = w ? xt[i] * r * w[i] : xt[i] * r;
 }
 
-extern "C" void cudab_rmsnorm(const float *x, const float *w, int T, int n, float eps, float *y, void *stream)
+extern "C" void cudab_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y,
+                              void *stream)
 {
     if (T > 0)
-        k_rmsnorm<<<(unsigned)((T + 7) / 8), 256, 0, (cudaStream_t)stream>>>(x, w, T, n, eps, y);
+        k_rmsnorm<<<(unsigned)((T + 7) / 8), 256, 0, (cudaStream_t)stream>>>(x, w, T, n, ld, eps, y);
 }
 
 __global__ void k_add(float *y, const float *a, size_t n)
@@ -67,14 +68,14 @@ extern "C" void cudab_add(float *y, const float *a, size_t n, void *stream)
 }
 
 /* one thread per rotated pair */
-__global__ void k_rope(float *v, int rows, int heads, int hd, int rope_dim, int interleaved, const float *cs)
+__global__ void k_rope(float *v, int rows, int heads, int hd, int off, int rope_dim, int interleaved, const float *cs)
 {
     int h = rope_dim / 2;
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (size_t)rows * h)
         return;
     int row = (int)(e / h), i = (int)(e % h), t = row / heads;
-    float *vr = v + (size_t)row * hd;
+    float *vr = v + (size_t)row * hd + off;
     const float *c = cs + (size_t)t * rope_dim, *s = c + h;
     int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + h;
     float a = vr[ia], b = vr[ib];
@@ -82,13 +83,13 @@ __global__ void k_rope(float *v, int rows, int heads, int hd, int rope_dim, int 
     vr[ib] = b * c[i] + a * s[i];
 }
 
-extern "C" void cudab_rope(float *v, int T, int heads, int hd, int rope_dim, int interleaved, const float *cs,
-                           void *stream)
+extern "C" void cudab_rope(float *v, int T, int heads, int hd, int off, int rope_dim, int interleaved,
+                           const float *cs, void *stream)
 {
     size_t n = (size_t)T * heads * (rope_dim / 2);
     if (n)
-        k_rope<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(v, T * heads, heads, hd, rope_dim,
-                                                                              interleaved, cs);
+        k_rope<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(v, T * heads, heads, hd, off,
+                                                                              rope_dim, interleaved, cs);
 }
 
 __global__ void k_gqa_store(float *const *chunks, int pos0, int T, const float *k, const float *v, int nkv, int hd)
@@ -283,4 +284,106 @@ extern "C" void cudab_attnres_mix(float *const *stack, int ns, const float *pref
     src.p[ns] = (float *)prefix;
     if (T > 0)
         k_attnres_mix<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(src, ns + 1, u, H, eps, out);
+}
+
+__global__ void k_cache_store(float *const *chunks, int pos0, int T, const float *src, int W)
+{
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)T * W)
+        return;
+    int t = (int)(e / W), p = pos0 + t;
+    chunks[p / KV_CHUNK][(size_t)(p % KV_CHUNK) * W + e % W] = src[e];
+}
+
+extern "C" void cudab_cache_store(float *const *chunks, int pos0, int T, const float *src, int W, void *stream)
+{
+    size_t n = (size_t)T * W;
+    if (n)
+        k_cache_store<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(chunks, pos0, T, src, W);
+}
+
+enum { MLA_MAX_R = 1024 };
+
+/* One block per (query t, head h), blk_mla_query's steps in its order: qa = the axpys of Wk's rows
+ * weighted by q_nope; each key's score as a seq64 dot over the latent plus one over the rope part
+ * (one warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
+ * latent rows weighted by score / sum; then each output as a seq64 dot of a Wv row with ol. */
+__global__ void k_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int nh, int nope,
+                             int rope, int r, int vd, float scale, float *sc, float *o)
+{
+    __shared__ float qa[MLA_MAX_R], ol[MLA_MAX_R];
+    __shared__ float red[2];
+    int t = blockIdx.x / nh, h = blockIdx.x % nh, n = pos0 + t + 1, W = r + rope;
+    int warps = blockDim.x / 32, wi = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const float *qh = q + ((size_t)t * nh + h) * (nope + rope);
+    const float *wk = wkv + (size_t)h * (nope + vd) * r, *wv = wk + (size_t)nope * r;
+    float *s = sc + (size_t)blockIdx.x * (size_t)(gridDim.x / nh + pos0);
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+        float a = 0.0f;
+        for (int d = 0; d < nope; d++)
+            a = __fmaf_rn(qh[d], wk[(size_t)d * r + i], a);
+        qa[i] = a;
+    }
+    __syncthreads();
+    for (int k = wi; k < n; k += warps) {
+        const float *cs = chunks[k / KV_CHUNK] + (size_t)(k % KV_CHUNK) * W;
+        float v = warp_dot64(qa, cs, r);
+        if (rope)
+            v = v + warp_dot64(qh + nope, cs + r, rope);
+        if (lane == 0)
+            s[k] = v * scale;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY;
+        for (int k = 0; k < n; k++)
+            mx = s[k] > mx ? s[k] : mx;
+        red[0] = mx;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < n; k += blockDim.x)
+        s[k] = km_expf(s[k] - red[0]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < n; k++)
+            sum += s[k];
+        red[1] = sum;
+    }
+    __syncthreads();
+    float sum = red[1];
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+        float a = 0.0f;
+        for (int k = 0; k < n; k++)
+            a = __fmaf_rn(s[k] / sum, chunks[k / KV_CHUNK][(size_t)(k % KV_CHUNK) * W + i], a);
+        ol[i] = a;
+    }
+    __syncthreads();
+    float *oh = o + ((size_t)t * nh + h) * vd;
+    for (int e = wi; e < vd; e += warps) {
+        float v = warp_dot64(wv + (size_t)e * r, ol, r);
+        if (lane == 0)
+            oh[e] = v;
+    }
+}
+
+extern "C" void cudab_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int T, int nh,
+                                 int nope, int rope, int r, int vd, float scale, float *sc, float *o, void *stream)
+{
+    if (T > 0)
+        k_mla_attend<<<(unsigned)(T * nh), 256, 0, (cudaStream_t)stream>>>(q, wkv, chunks, pos0, nh, nope, rope, r, vd,
+                                                                          scale, sc, o);
+}
+
+__global__ void k_gate(float *o, const float *g, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        o[i] = o[i] * km_sigmoidf(g[i]);
+}
+
+extern "C" void cudab_gate(float *o, const float *g, size_t n, void *stream)
+{
+    if (n)
+        k_gate<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(o, g, n);
 }

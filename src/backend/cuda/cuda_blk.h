@@ -11,19 +11,29 @@
 extern "C" {
 #endif
 
-/* blk_rmsnorm: y[t] = x[t] * (1 / sqrt(seq64 dot(x[t], x[t]) / n + eps)) * w, rows of n; y may be x;
- * w NULL: no weight */
-void cudab_rmsnorm(const float *x, const float *w, int T, int n, float eps, float *y, void *stream);
+/* blk_rmsnorm: y[t] = x[t] * (1 / sqrt(seq64 dot(x[t], x[t]) / n + eps)) * w for the first n
+ * floats of rows ld apart (x's and y's); y may be x; w NULL: no weight */
+void cudab_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y, void *stream);
 /* y[j] = y[j] + a[j] */
 void cudab_add(float *y, const float *a, size_t n, void *stream);
-/* blk_rope_apply to each of T x heads vectors of hd floats (v[(t * heads + h) * hd]), with row t of
+/* blk_rope_apply to each of T x heads vectors at v + (t * heads + h) * hd + off, with row t of
  * cs [T][rope_dim] (blk_rope_table's cos then sin halves); interleaved: pairs (2i, 2i+1), else
  * (i, i + rope_dim / 2) */
-void cudab_rope(float *v, int T, int heads, int hd, int rope_dim, int interleaved, const float *cs, void *stream);
+void cudab_rope(float *v, int T, int heads, int hd, int off, int rope_dim, int interleaved, const float *cs,
+                void *stream);
 /* GQA's cache rows of positions pos0 .. pos0+T-1: row = [k (nkv x hd), v (nkv x hd)], in chunks of
  * 256 rows (chunks: a device array of the chunk pointers) */
 void cudab_gqa_store(float *const *chunks, int pos0, int T, const float *k, const float *v, int nkv, int hd,
                      void *stream);
+/* cache rows of positions pos0 .. pos0+T-1 from src [T][W] (MLA: latent, then the key's rope part) */
+void cudab_cache_store(float *const *chunks, int pos0, int T, const float *src, int W, void *stream);
+/* blk_mla_query for T queries q [T][nh][nope + rope] at positions pos0 .. with the decoded kv_b
+ * rows wkv [nh][nope + v_head][r] over the cache (rows of r + rope) into o [T][nh][v_head]; sc:
+ * scratch of T * nh * (pos0 + T) floats */
+void cudab_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int T, int nh, int nope,
+                      int rope, int r, int vd, float scale, float *sc, float *o, void *stream);
+/* o[i] = o[i] * km_sigmoidf(g[i]) (K3's output gate) */
+void cudab_gate(float *o, const float *g, size_t n, void *stream);
 /* blk_gqa's attention of T queries q [T][nh][hd] at positions pos0 .. over the cache into
  * o [T][nh][hd]; sc: scratch of T * nh * (pos0 + T) floats */
 void cudab_gqa_attend(const float *q, float *const *chunks, int pos0, int T, int nh, int nkv, int hd, float scale,
