@@ -66,6 +66,10 @@ static void c_read(const blk *b, float *host, const float *buf, size_t n)
     calls.read++;
     backend_cpu.read(b, host, buf, n);
 }
+static int c_replay(const blk *b, int i, const kda_w *w, layer_state *st, const float *log, int n)
+{
+    return backend_cpu.replay(b, i, w, st, log, n);
+}
 static void c_guess(const blk *b, int i, const layer_w *L, const float *x, int T)
 {
     calls.guess++;
@@ -83,6 +87,7 @@ static const backend_ops counting = {
     .copy = c_copy,
     .head = c_head,
     .read = c_read,
+    .replay = c_replay,
     .guess = c_guess,
 };
 
@@ -139,10 +144,13 @@ TEST(backend_seam_qwen3) { seam_case("qwen3-a"); }
 TEST(backend_device_option)
 {
     errbuf err;
-    CHECK(backend_select(NULL, &err) == &backend_cpu && backend_select("cpu", &err) == &backend_cpu);
-    CHECK(backend_select("tpu", &err) == NULL && strstr(err.msg, "--device tpu"));
+    int index = -1;
+    CHECK(backend_select(NULL, &index, &err) == &backend_cpu && index == 0);
+    CHECK(backend_select("cpu", &index, &err) == &backend_cpu);
+    CHECK(backend_select("tpu", &index, &err) == NULL && strstr(err.msg, "--device tpu"));
+    CHECK(backend_select("cuda:x", &index, &err) == NULL && strstr(err.msg, "cuda:N"));
     /* make test's build has no CUDA backend (tests/cuda/test_cuda.c tests the one a CUDA build has) */
-    const backend_ops *c = backend_select("cuda:0", &err);
+    const backend_ops *c = backend_select("cuda:0", &index, &err);
     CHECK(c == NULL && strstr(err.msg, "--device cuda:0") && strstr(err.msg, "make CUDA=1") && !strchr(err.msg, '\n'));
     engine_opts o;
     engine_opts_default(&o);

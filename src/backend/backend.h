@@ -27,12 +27,15 @@ typedef struct backend_ops {
     const char *name; /* "cpu", "cuda" */
     /* A device's state for one model (its copies of the weights, its queues): opened with the
      * engine, passed to every operation as b->dev, closed with it. NULL open: none needed. */
-    void *(*open)(const model *m, errbuf *err);
+    void *(*open)(const model *m, int index, errbuf *err); /* index: which device of the kind */
     void (*close)(void *dev);
     /* The memory a session's passes read and write (the pass arena's block, the attention caches):
      * bytes aligned to 64, NULL when out of memory. NULL mem_alloc: host memory (malloc). */
     void *(*mem_alloc)(void *dev, size_t bytes);
     void (*mem_free)(void *dev, void *p);
+    /* copies between that memory and the host's, either way, and zeroes it (NULL: memcpy, memset) */
+    void (*mem_copy)(void *dev, void *dst, const void *src, size_t bytes);
+    void (*mem_zero)(void *dev, void *p, size_t bytes);
     /* h[t][:] = the embedding row of tokens[t] (host ids), t < T */
     void (*embed)(const blk *b, const int32_t *tokens, int T, float *h);
     /* y[t] = rmsnorm(x[t]) * w, t < T, rows of n (blk_rmsnorm); y may alias x */
@@ -54,6 +57,9 @@ typedef struct backend_ops {
     int (*head)(const blk *b, const kmat *lm_head, const float *x, int T, float *host);
     /* host[j] = buf[j], j < n (taps) */
     void (*read)(const blk *b, float *host, const float *buf, size_t n);
+    /* blk_kda_replay: advances KDA layer i's state st (S and conv, in place) over the first n
+     * positions of a pass from its log (a commit keeping part of a pass) */
+    int (*replay)(const blk *b, int i, const kda_w *w, layer_state *st, const float *log, int n);
     /* router lookahead for layer i from a stand-in of its FFN input x [T][H] (blk_moe_guess):
      * starts reads, decides nothing; NULL: none */
     void (*guess)(const blk *b, int i, const layer_w *L, const float *x, int T);
@@ -63,8 +69,8 @@ extern const backend_ops backend_cpu;
 /* In a build with CUDA (make CUDA=1): src/backend/cuda/backend_cuda.c. */
 extern const backend_ops backend_cuda;
 
-/* The backend named by `device` ("cpu"; "cuda" or "cuda:N" in a build with CUDA), NULL with err
- * set when this build or machine has none such. */
-const backend_ops *backend_select(const char *device, errbuf *err);
+/* The backend named by `device` ("cpu"; "cuda" or "cuda:N" in a build with CUDA), *index the
+ * device's number (N, else 0); NULL with err set when this build has none such. */
+const backend_ops *backend_select(const char *device, int *index, errbuf *err);
 
 #endif

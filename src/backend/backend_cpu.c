@@ -1,5 +1,6 @@
 /* backend_cpu.c — the CPU backend: the blk_* blocks over kern.h's tables and the thread pool, on
  * buffers in host memory (the definition every other backend's bits are held to: backend.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -75,6 +76,12 @@ static int cpu_head(const blk *b, const kmat *lm_head, const float *x, int T, fl
     return 0;
 }
 
+static int cpu_replay(const blk *b, int i, const kda_w *w, layer_state *st, const float *log, int n)
+{
+    (void)i;
+    return blk_kda_replay(b, w, st, log, n);
+}
+
 static void cpu_guess(const blk *b, int i, const layer_w *L, const float *x, int T)
 {
     blk_moe_guess(b, i, &L->moe, x, T);
@@ -91,14 +98,25 @@ const backend_ops backend_cpu = {
     .copy = cpu_copy,
     .head = cpu_head,
     .read = cpu_copy,
+    .replay = cpu_replay,
     .guess = cpu_guess,
 };
 
-const backend_ops *backend_select(const char *device, errbuf *err)
+const backend_ops *backend_select(const char *device, int *index, errbuf *err)
 {
+    *index = 0;
     if (!device || !strcmp(device, "cpu"))
         return &backend_cpu;
     if (!strcmp(device, "cuda") || !strncmp(device, "cuda:", 5)) {
+        if (device[4] == ':') {
+            char *end;
+            long n = strtol(device + 5, &end, 10);
+            if (end == device + 5 || *end || n < 0 || n > 63) {
+                errbuf_set(err, "--device %s: expected cuda or cuda:N with N a device number", device);
+                return NULL;
+            }
+            *index = (int)n;
+        }
         if (&backend_cuda) /* linked in by make CUDA=1 */
             return &backend_cuda;
         errbuf_set(err, "--device %s: this build has no CUDA backend (build it with make CUDA=1)", device);

@@ -58,7 +58,8 @@ static engine *engine_alloc(const engine_opts *o, errbuf *err)
         errbuf_set(err, "--kernels %s: not available on this CPU or build", o->kernels);
         return NULL;
     }
-    const backend_ops *be = backend_select(o->device, err);
+    int index;
+    const backend_ops *be = backend_select(o->device, &index, err);
     if (!be)
         return NULL;
     engine *e = calloc(1, sizeof *e);
@@ -68,6 +69,7 @@ static engine *engine_alloc(const engine_opts *o, errbuf *err)
     }
     e->k = k;
     e->be = be;
+    e->be_index = index;
     atomic_init(&e->busy, 0);
     atomic_init(&e->sessions, 0);
     return e;
@@ -219,7 +221,7 @@ static int engine_start_backend(engine *e, errbuf *err)
     if (e->store)
         return errbuf_set(err, "--device %s: the model must fit the device whole (weights streamed from a store "
                                "run on the CPU only so far)", e->be->name);
-    e->be_dev = e->be->open(e->m, err);
+    e->be_dev = e->be->open(e->m, e->be_index, err);
     return e->be_dev ? 0 : -1;
 }
 

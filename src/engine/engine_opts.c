@@ -11,7 +11,8 @@ const char ENGINE_OPTS_HELP[] =
     "              [--prefetch on|off] [--io uring|pread] [--no-verify]\n"
     "  --model takes a Hugging Face folder or a DFSP store (deltafin prepare); without it the bundled\n"
     "  default model runs. --kernels pins the instruction set (the logits are the same bits). --device\n"
-    "  picks where passes run: cpu (the GPU has its kernels, not yet whole passes).\n"
+    "  picks where passes run: cpu, or cuda[:N] in a CUDA build (make CUDA=1: the whole pass on GPU N,\n"
+    "  every weight in its memory; the logits are the same bits).\n"
     "  --ram-budget (e.g. 8G) bounds the RAM for weights: the globals and as many layer spines as fit\n"
     "  stay resident, the other layers' spines stream through two slots, experts through a cache of\n"
     "  what is left. Without it, everything stays mapped when it fits in 80% of physical memory.\n";

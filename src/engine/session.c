@@ -56,6 +56,25 @@ static void session_mem_free(session *s, void *p)
     }
 }
 
+/* Copies and zeroes of that memory, which may be the device's */
+static void session_copy(session *s, void *dst, const void *src, size_t bytes)
+{
+    const backend_ops *be = s->e->be;
+    if (be->mem_copy)
+        be->mem_copy(s->e->be_dev, dst, src, bytes);
+    else
+        memcpy(dst, src, bytes);
+}
+
+static void session_zero(session *s, void *p, size_t bytes)
+{
+    const backend_ops *be = s->e->be;
+    if (be->mem_zero)
+        be->mem_zero(s->e->be_dev, p, bytes);
+    else
+        memset(p, 0, bytes);
+}
+
 static void ckpt_drop_all(session *s)
 {
     for (int i = 0; i < s->nck; i++)
@@ -119,8 +138,8 @@ void session_free(session *s)
     free(s->ck);
     free(s->hist);
     free(s->rec_off);
-    free(s->rec[0]);
-    free(s->rec[1]);
+    session_mem_free(s, s->rec[0]);
+    session_mem_free(s, s->rec[1]);
     for (int c = 0; c < s->nchunks; c++)
         session_mem_free(s, s->chunk_mem[c]);
     free(s->chunk_mem);
@@ -129,7 +148,7 @@ void session_free(session *s)
             free(s->L[i].kv);
     free(s->L);
     free(s->chunk_off);
-    free(s->log);
+    session_mem_free(s, s->log);
     free(s->lg);
     free(s->sink_layers);
     free(s->sink_buf);
@@ -194,9 +213,9 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
     }
     s->log_floats = s->n_kda ? blk_kda_log_floats(hp) : 0;
     size_t logn = (size_t)s->n_kda * (size_t)s->o.max_commit * s->log_floats;
-    s->rec[0] = alloc_floats(s->rec_floats);
-    s->rec[1] = alloc_floats(s->rec_floats);
-    s->log = alloc_floats(logn);
+    s->rec[0] = session_mem(s, s->rec_floats);
+    s->rec[1] = session_mem(s, s->rec_floats);
+    s->log = session_mem(s, logn);
     s->lg = alloc_floats((size_t)s->o.max_logits * hp->vocab);
     if (!s->rec[0] || !s->rec[1] || !s->log || !s->lg) {
         errbuf_set(err, "session: out of memory for its state (%zu MiB)", ((2 * s->rec_floats + logn) * 4) >> 20);
@@ -213,7 +232,7 @@ int session_new(engine *e, const session_opts *o, session **out, errbuf *err)
     }
     if (grow(s, BLK_KV_CHUNK < s->o.context ? BLK_KV_CHUNK : s->o.context, err) != 0)
         goto out;
-    memset(s->rec[0], 0, s->rec_floats * sizeof(float));
+    session_zero(s, s->rec[0], s->rec_floats * sizeof(float));
     s->lg_pos = -1;
     *out = s;
     rc = 0;
@@ -232,7 +251,7 @@ void session_reset(session *s)
     s->cur = 0;
     s->lg_pos = -1;
     s->lg_n = 0;
-    memset(s->rec[0], 0, s->rec_floats * sizeof(float));
+    session_zero(s, s->rec[0], s->rec_floats * sizeof(float));
 }
 
 static int commit(session *s, int n_keep, errbuf *err);
@@ -366,7 +385,7 @@ static int commit(session *s, int n_keep, errbuf *err)
         return 0;
     }
     size_t mark = arena_mark(&s->ar);
-    blk b = {s->m, s->hp, s->e->k, s->e->pool, &s->ar, err, NULL, NULL}; /* host state: the CPU */
+    blk b = {s->m, s->hp, s->e->k, s->e->pool, &s->ar, err, NULL, s->e->be_dev};
     const hparams *hp = s->hp;
     size_t S_floats = (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim;
     int kda = 0, rc = 0;
@@ -376,8 +395,8 @@ static int commit(session *s, int n_keep, errbuf *err)
         layer_state st = {0};
         st.S = s->rec[s->cur] + s->rec_off[i];
         st.conv = st.S + S_floats;
-        rc = blk_kda_replay(&b, &s->m->L[i].kda, &st, s->log + (size_t)kda * s->o.max_commit * s->log_floats,
-                            n_keep);
+        rc = s->e->be->replay(&b, i, &s->m->L[i].kda, &st,
+                              s->log + (size_t)kda * s->o.max_commit * s->log_floats, n_keep);
         kda++;
     }
     arena_rewind(&s->ar, mark);
@@ -450,7 +469,7 @@ static void ckpt_take(session *s)
     }
     if (!buf && !(buf = alloc_floats(s->rec_floats + (size_t)s->hp->vocab)))
         goto count; /* a checkpoint is an optimisation: without memory there is none */
-    memcpy(buf, s->rec[s->cur], ckpt_size(s));
+    session_copy(s, buf, s->rec[s->cur], ckpt_size(s));
     const float *lg = session_last_logits(s);
     if (lg)
         memcpy(buf + s->rec_floats, lg, sizeof(float) * (size_t)s->hp->vocab);
@@ -488,13 +507,13 @@ static void rewind_to(session *s, int p)
         return;
     }
     if (p == 0) {
-        memset(s->rec[s->cur], 0, s->rec_floats * sizeof(float));
+        session_zero(s, s->rec[s->cur], s->rec_floats * sizeof(float));
     } else {
         int i = s->nck - 1;
         while (i >= 0 && s->ck[i].pos != p)
             i--;
         assert(i >= 0);
-        memcpy(s->rec[s->cur], s->ck[i].rec, ckpt_size(s));
+        session_copy(s, s->rec[s->cur], s->ck[i].rec, ckpt_size(s));
     }
     s->n = p;
 }

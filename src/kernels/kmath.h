@@ -167,4 +167,7 @@ KM_FN float km_log1pf(float y)
     return km_log_normal(u) * (y / (u - 1.0f));
 }
 
+/* softplus(x) = log(1 + exp(x)), and x itself above 20 (where the two round alike) */
+KM_FN float km_softplusf(float x) { return x > 20.0f ? x : km_log1pf(km_expf(x)); }
+
 #endif

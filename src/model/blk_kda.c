@@ -49,8 +49,6 @@ struct kda_job {
     int T;
 };
 
-static float softplus(float x) { return x > 20.0f ? x : km_log1pf(km_expf(x)); }
-
 static void kda_heads(void *ctx, int h0, int h1, int tid)
 {
     struct kda_job *j = ctx;
@@ -79,7 +77,7 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                 if (hp->kda_gate == KDA_GATE_LOWER_BOUND)
                     g = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
                 else
-                    g = -j->w->A[h] * softplus(z);
+                    g = -j->w->A[h] * km_softplusf(z);
                 alpha[i] = km_expf(g);
             }
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);

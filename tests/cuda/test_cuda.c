@@ -224,6 +224,11 @@ TEST(cuda_backend_deepseek_v3_fp8_h) { gpu_case("deepseek_v3-fp8-h"); }
 TEST(cuda_backend_deepseek_v3_yarn) { gpu_case("deepseek_v3-yarn"); }
 TEST(cuda_backend_kimi_k2_int4) { gpu_case("kimi_k2-int4"); }
 TEST(cuda_backend_kimi_k2_int4_h) { gpu_case("kimi_k2-int4-h"); }
+TEST(cuda_backend_kimi_linear_a) { gpu_case("kimi_linear-a"); }
+TEST(cuda_backend_kimi_linear_h) { gpu_case("kimi_linear-h"); }
+TEST(cuda_backend_kimi_k3_a) { gpu_case("kimi_k3-a"); }
+TEST(cuda_backend_kimi_k3_b) { gpu_case("kimi_k3-b"); }
+TEST(cuda_backend_kimi_k3_h) { gpu_case("kimi_k3-h"); }
 
 /* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
 TEST(cuda_backend_long_context)
@@ -254,8 +259,11 @@ TEST(cuda_backend_long_context)
     CHECKF(same, "300 positions on the GPU differ from the CPU's (%s)", err.msg);
 }
 
-/* what the GPU does not run yet is refused when the engine opens, naming it */
-TEST(cuda_backend_refuses_what_it_lacks)
+/* A drafter's verify pass kept in part: passes of 6, each committing 4 (KDA's state replayed from
+ * the commit log on the GPU, attention caches truncated), then the next pass starting from the kept
+ * positions; every kept position's logits are the CPU's cold run's, to the bit. A checkpoint
+ * restored by session_sync (host copies of the device's state) gives the same bits too. */
+static void commit_case(const char *name)
 {
     if (!cuda_ops()) {
         test_skip("no CUDA device");
@@ -264,10 +272,50 @@ TEST(cuda_backend_refuses_what_it_lacks)
     errbuf err;
     model m;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kimi_k3-a", test_data("oracle"));
-    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
-    engine *gpu = dev_engine(&m, "cuda", &err);
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
+    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    enum { N = 30, PASS = 6, KEEP = 4 };
+    int32_t ids[N + PASS];
+    for (int i = 0; i < N + PASS; i++)
+        ids[i] = (int32_t)((i * 104729 + 3) % m.hp.vocab);
+    size_t V = (size_t)m.hp.vocab;
+    float *want = gpu ? tu_eval_engine(cpu, ids, N + PASS, N + PASS, &err) : NULL;
+    session *s = want ? tu_session(gpu, N + PASS, PASS, &err) : NULL;
+    int bad_pos = -1, n = 0;
+    while (s && n < N && bad_pos < 0) {
+        session_pass p = {.tokens = ids + n, .T = PASS, .n_logits = PASS};
+        if (session_run(s, &p, &err) != 0 || session_commit(s, KEEP, &err) != 0) {
+            bad_pos = n;
+            break;
+        }
+        for (int t = 0; t < KEEP && bad_pos < 0; t++)
+            if (memcmp(session_logits(s, t), want + (size_t)(n + t) * V, V * sizeof(float)))
+                bad_pos = n + t;
+        n += KEEP;
+    }
+    /* back to a shorter prefix and forward again: the sync's own restart from position 0 */
+    int synced = s && bad_pos < 0 && session_sync(s, ids, 10, &err) == 0 && session_last_logits(s) &&
+                 !memcmp(session_last_logits(s), want + 9 * V, V * sizeof(float));
+    int refused = 0;
+    if (s) { /* session files hold host memory: refused on the GPU, with a reason */
+        char path[4200];
+        snprintf(path, sizeof path, "%s/gpu.session", test_tmpdir());
+        errbuf e2;
+        refused = session_save(s, path, &e2) == -1 && strstr(e2.msg, "--device cuda") && !strchr(e2.msg, '\n');
+    }
+    session_free(s);
+    free(want);
     engine_free(gpu);
+    engine_free(cpu);
     model_free(&m);
-    CHECK(gpu == NULL && strstr(err.msg, "--device cuda") && !strchr(err.msg, '\n'));
+    CHECKF(s, "%s: %s", name, err.msg);
+    CHECKF(bad_pos < 0, "%s: position %d after commits on the GPU differs from the CPU's cold run (%s)", name,
+           bad_pos, err.msg);
+    CHECKF(synced, "%s: a sync back to 10 tokens on the GPU differs from the CPU (%s)", name, err.msg);
+    CHECKF(refused, "%s: session_save of a GPU session was not refused with a reason", name);
 }
+
+TEST(cuda_backend_commit_kimi_k3) { commit_case("kimi_k3-a"); }
+TEST(cuda_backend_commit_kimi_linear) { commit_case("kimi_linear-a"); }
+TEST(cuda_backend_commit_qwen3) { commit_case("qwen3-a"); }

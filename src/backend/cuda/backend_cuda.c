@@ -2,10 +2,11 @@
  *
  * What runs here so far: models whose attention is GQA or MLA, with dense gated MLPs or MoE
  * (routed, latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE,
- * DeepSeek-V3, Kimi K2 and K2.5), every weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
+ * DeepSeek-V3, Kimi K2 and K2.5), and KDA (Kimi-Linear, K3) with its commit log replayed on the
+ * GPU, every weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
  * the CPU's own code, and copied up) and the grouping of a MoE layer's choices by expert (the
- * router runs on the GPU; its choices come back). KDA layers (Kimi-Linear, K3) are refused when
- * the engine opens, naming the layer; a weight store's streaming is refused by the engine (engine.c).
+ * router runs on the GPU; its choices come back). A weight store's streaming is refused by the
+ * engine (engine.c), and session files by session_file.c.
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
@@ -33,6 +34,7 @@ typedef struct dev_span {
 } dev_span;
 
 typedef struct cuda_dev {
+    int index;    /* the GPU (cudaSetDevice), made current by every entry that runs or allocates */
     dev_span *sp; /* [n], sorted by h, disjoint */
     int n, cap;
     size_t bytes;
@@ -153,6 +155,7 @@ static void cuda_close(void *p)
     cuda_dev *d = p;
     if (!d)
         return;
+    cudaSetDevice(d->index);
     for (int i = 0; i < d->n; i++)
         cudaFree(d->sp[i].d);
     cudaFree(d->sc);
@@ -185,13 +188,27 @@ static int ffn_add(cuda_dev *d, const hparams *hp, int i, const layer_w *L, errb
     return bad;
 }
 
-static void *cuda_open(const model *m, errbuf *err)
+static int kda_add(cuda_dev *d, const hparams *hp, const kda_w *w, errbuf *err)
+{
+    size_t P = (size_t)hp->kda_heads * hp->kda_dim, F = sizeof(float);
+    int bad = mat_add(d, &w->q, err) || mat_add(d, &w->k, err) || mat_add(d, &w->v, err) ||
+              mat_add(d, &w->f_a, err) || mat_add(d, &w->f_b, err) || mat_add(d, &w->b, err) ||
+              mat_add(d, &w->g, err) || mat_add(d, &w->g_a, err) || mat_add(d, &w->g_b, err) ||
+              mat_add(d, &w->o, err) || span_add(d, w->A, (size_t)hp->kda_heads * F, err) ||
+              span_add(d, w->dt_bias, P * F, err) || span_add(d, w->o_norm, (size_t)hp->kda_dim * F, err);
+    for (int i = 0; i < 3 && !bad; i++)
+        bad = span_add(d, w->conv[i], P * (size_t)hp->conv_k * F, err);
+    return bad;
+}
+
+static void *cuda_open(const model *m, int index, errbuf *err)
 {
     const hparams *hp = &m->hp;
     for (int i = 0; i < hp->n_layers; i++)
-        if (hp->attn_kind[i] == ATTN_KDA) {
-            errbuf_set(err, "--device cuda: %s: layer %d has KDA attention; the GPU runs GQA and MLA so far", m->dir,
-                       i);
+        if (hp->attn_kind[i] == ATTN_KDA && (hp->kda_dim > 256 || hp->conv_k > 16)) {
+            errbuf_set(err, "--device cuda: %s: KDA heads of %d (conv %d) are wider than the GPU's kernel takes "
+                            "(256, 16)",
+                       m->dir, hp->kda_dim, hp->conv_k);
             return NULL;
         }
     if (hp->kv_lora_rank > 1024) {
@@ -205,11 +222,16 @@ static void *cuda_open(const model *m, errbuf *err)
         errbuf_set(err, "--device cuda: no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none");
         return NULL;
     }
+    if (index >= ndev || (e = cudaSetDevice(index)) != cudaSuccess) {
+        errbuf_set(err, "--device cuda:%d: this machine has %d CUDA device%s", index, ndev, ndev == 1 ? "" : "s");
+        return NULL;
+    }
     cuda_dev *d = calloc(1, sizeof *d);
     if (!d) {
         errbuf_set(err, "--device cuda: out of memory");
         return NULL;
     }
+    d->index = index;
     size_t H = (size_t)hp->hidden, hd = (size_t)hp->head_dim;
     int bad = mat_add(d, &m->embed, err) || mat_add(d, &m->lm_head, err) ||
               span_add(d, m->final_norm, H * sizeof(float), err) || span_add(d, m->out_res_u, H * sizeof(float), err);
@@ -224,7 +246,7 @@ static void *cuda_open(const model *m, errbuf *err)
               span_add(d, L->mla.q_a_norm, (size_t)hp->q_lora_rank * sizeof(float), err) ||
               mat_add(d, &L->mla.kv_a, err) || span_add(d, L->mla.kv_a_norm, (size_t)hp->kv_lora_rank * sizeof(float), err) ||
               mat_add(d, &L->mla.kv_b, err) || mat_add(d, &L->mla.g, err) || mat_add(d, &L->mla.o, err) ||
-              ffn_add(d, hp, i, L, err);
+              kda_add(d, hp, &L->kda, err) || ffn_add(d, hp, i, L, err);
     }
     if (bad || span_upload(d, err) != 0) {
         cuda_close(d);
@@ -233,21 +255,37 @@ static void *cuda_open(const model *m, errbuf *err)
     return d;
 }
 
+/* the engine's GPU, current on this thread (a server's threads take turns with one engine) */
+static void dev_use(const cuda_dev *d) { cudaSetDevice(d->index); }
+
 static void *cuda_mem_alloc(void *dev, size_t bytes)
 {
-    (void)dev;
+    dev_use(dev);
     void *p = NULL;
     return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
 }
 
 static void cuda_mem_free(void *dev, void *p)
 {
-    (void)dev;
+    dev_use(dev);
     cudaFree(p);
+}
+
+static void cuda_mem_copy(void *dev, void *dst, const void *src, size_t bytes)
+{
+    dev_use(dev);
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); /* either way: unified addressing tells */
+}
+
+static void cuda_mem_zero(void *dev, void *p, size_t bytes)
+{
+    dev_use(dev);
+    cudaMemset(p, 0, bytes);
 }
 
 static void cuda_embed(const blk *b, const int32_t *tokens, int T, float *h)
 {
+    dev_use(b->dev); /* a pass's first entry: the rest of it runs on this thread */
     kmat m = dev_mat(b->dev, &b->m->embed);
     int H = b->hp->hidden;
     for (int t = 0; t < T; t++)
@@ -381,14 +419,104 @@ static int cuda_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, con
     return 0;
 }
 
+/* the three short convolutions and every head's recurrence (blk_kda.c's kda_recur) */
+static void kda_recur(const blk *b, const kda_w *w, const layer_state *st, float *q, float *k, float *v,
+                      const float *f, const float *beta, const float *gate, float *o, int T)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim, K = hp->conv_k;
+    float *proj[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        cudab_short_conv(dev_vec(b, w->conv[i]), K, P, st->conv_in + (size_t)i * (K - 1) * P,
+                         st->conv + (size_t)i * (K - 1) * P, proj[i], T, NULL);
+    cudab_kda_heads(hp, st->S_in, st->S, q, k, v, f, beta, gate, dev_vec(b, w->A), dev_vec(b, w->dt_bias),
+                    dev_vec(b, w->o_norm), o, T, NULL);
+}
+
+/* the pass's recurrence inputs into (to_log) or out of the commit log: rows of
+ * blk_kda_log_floats, raw q, k, v, f [P] then beta [heads] */
+static void kda_log_copy(const hparams *hp, float *log, float *const part[5], int T, int to_log)
+{
+    size_t L = blk_kda_log_floats(hp), P = (size_t)hp->kda_heads * hp->kda_dim, F = sizeof(float);
+    for (int j = 0; j < 5; j++) {
+        size_t w = j < 4 ? P : (size_t)hp->kda_heads;
+        float *lg = log + (size_t)j * P;
+        if (to_log)
+            cudaMemcpy2DAsync(lg, L * F, part[j], w * F, w * F, (size_t)T, cudaMemcpyDeviceToDevice, NULL);
+        else
+            cudaMemcpy2DAsync(part[j], w * F, lg, L * F, w * F, (size_t)T, cudaMemcpyDeviceToDevice, NULL);
+    }
+}
+
+/* blk_kda's steps, in its order */
+static int cuda_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim;
+    float *q = blk_alloc(b, (size_t)T * P), *k = blk_alloc(b, (size_t)T * P), *v = blk_alloc(b, (size_t)T * P);
+    float *fa = blk_alloc(b, (size_t)T * w->f_a.rows), *f = blk_alloc(b, (size_t)T * P);
+    float *beta = blk_alloc(b, (size_t)T * hp->kda_heads), *gate = blk_alloc(b, (size_t)T * P);
+    float *o = blk_alloc(b, (size_t)T * P);
+    float *ga = hp->kda_full_gate ? NULL : blk_alloc(b, (size_t)T * w->g_a.rows);
+    if (!q || !k || !v || !fa || !f || !beta || !gate || !o || (!hp->kda_full_gate && !ga))
+        return -1;
+    cu_matmul(b, &w->q, x, T, q);
+    cu_matmul(b, &w->k, x, T, k);
+    cu_matmul(b, &w->v, x, T, v);
+    cu_matmul(b, &w->f_a, x, T, fa);
+    cu_matmul(b, &w->f_b, fa, T, f);
+    cu_matmul(b, &w->b, x, T, beta);
+    if (hp->kda_full_gate) {
+        cu_matmul(b, &w->g, x, T, gate);
+    } else {
+        cu_matmul(b, &w->g_a, x, T, ga);
+        cu_matmul(b, &w->g_b, ga, T, gate);
+    }
+    if (st->log) {
+        float *part[5] = {q, k, v, f, beta};
+        kda_log_copy(hp, st->log, part, T, 1);
+    }
+    kda_recur(b, w, st, q, k, v, f, beta, gate, o, T);
+    cu_matmul(b, &w->o, o, T, out);
+    return 0;
+}
+
+/* blk_kda_replay: the state advanced in place over n logged positions */
+static int cuda_replay(const blk *b, int i, const kda_w *w, layer_state *st, const float *log, int n)
+{
+    const hparams *hp = b->hp;
+    int P = hp->kda_heads * hp->kda_dim;
+    (void)i;
+    if (n < 1)
+        return 0;
+    dev_use(b->dev);
+    size_t mark = arena_mark(b->ar);
+    float *q = blk_alloc(b, (size_t)n * P), *k = blk_alloc(b, (size_t)n * P), *v = blk_alloc(b, (size_t)n * P);
+    float *f = blk_alloc(b, (size_t)n * P), *beta = blk_alloc(b, (size_t)n * hp->kda_heads);
+    int rc = -1;
+    if (q && k && v && f && beta) {
+        float *part[5] = {q, k, v, f, beta};
+        kda_log_copy(hp, (float *)log, part, n, 0);
+        layer_state in_place = *st;
+        in_place.S_in = st->S;
+        in_place.conv_in = st->conv;
+        kda_recur(b, w, &in_place, q, k, v, f, beta, NULL, NULL, n);
+        rc = cudak_sync(NULL, "--device cuda: a commit's replay", b->err);
+    }
+    arena_rewind(b->ar, mark);
+    return rc;
+}
+
 /* Each block's scratch is released when it returns (the kernels queued on it run before any
  * later use of the memory: one stream). */
 static int cuda_attn(const blk *b, int i, const layer_w *L, layer_state *st, int pos0, const float *x, int T,
                      float *out)
 {
     size_t mark = arena_mark(b->ar);
-    int rc = b->hp->attn_kind[i] == ATTN_MLA ? cuda_mla(b, &L->mla, st, pos0, x, T, out)
-                                             : cuda_gqa(b, &L->gqa, st, pos0, x, T, out);
+    int kind = b->hp->attn_kind[i];
+    int rc = kind == ATTN_KDA   ? cuda_kda(b, &L->kda, st, x, T, out)
+             : kind == ATTN_MLA ? cuda_mla(b, &L->mla, st, pos0, x, T, out)
+                                : cuda_gqa(b, &L->gqa, st, pos0, x, T, out);
     arena_rewind(b->ar, mark);
     return rc;
 }
@@ -528,6 +656,8 @@ const backend_ops backend_cuda = {
     .close = cuda_close,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
+    .mem_copy = cuda_mem_copy,
+    .mem_zero = cuda_mem_zero,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .attn = cuda_attn,
@@ -537,4 +667,5 @@ const backend_ops backend_cuda = {
     .copy = cuda_copy,
     .head = cuda_head,
     .read = cuda_read,
+    .replay = cuda_replay,
 };

@@ -387,3 +387,111 @@ extern "C" void cudab_gate(float *o, const float *g, size_t n, void *stream)
     if (n)
         k_gate<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(o, g, n);
 }
+
+enum { CONV_MAX_K = 16 };
+
+/* One thread per channel c: the last K - 1 raw inputs ride in a ring, so u is overwritten in place
+ * as the CPU's copy (tmp) would be read: acc = sum_j w[j] * x(t + j) in j order, then SiLU. */
+__global__ void k_short_conv(const float *wt, int K, int P, const float *win_in, float *win_out, float *u, int T)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= P)
+        return;
+    float ring[CONV_MAX_K]; /* ring[j] = x(t + j) for the window ending at t + K - 1 */
+    for (int j = 0; j < K - 1; j++)
+        ring[j] = win_in[(size_t)j * P + c];
+    const float *w = wt + (size_t)c * K;
+    for (int t = 0; t < T; t++) {
+        ring[K - 1] = u[(size_t)t * P + c];
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++)
+            acc += w[j] * ring[j];
+        u[(size_t)t * P + c] = acc * km_sigmoidf(acc);
+        for (int j = 0; j < K - 1; j++)
+            ring[j] = ring[j + 1];
+    }
+    for (int j = 0; j < K - 1; j++)
+        win_out[(size_t)j * P + c] = ring[j];
+}
+
+extern "C" void cudab_short_conv(const float *wt, int K, int P, const float *win_in, float *win_out, float *u, int T,
+                                 void *stream)
+{
+    k_short_conv<<<(unsigned)((P + 127) / 128), 128, 0, (cudaStream_t)stream>>>(wt, K, P, win_in, win_out, u, T);
+}
+
+enum { KDA_MAX_D = 256 };
+
+/* One block of d threads per head, its positions in order. Thread 0 does the sums the CPU does
+ * left to right (the norms of q and k, the output's sum of squares); thread i the element-wise
+ * rest of element i; kda_step goes a column per thread, as cuda_kern.cu's k_kda_step. */
+__global__ void k_kda_heads(hparams hp, const float *S_in, float *S, const float *q, const float *k, const float *v,
+                            const float *f, const float *beta, const float *gate, const float *A, const float *dt_bias,
+                            const float *o_norm, float *o, int T)
+{
+    __shared__ float qs[KDA_MAX_D], ks[KDA_MAX_D], al[KDA_MAX_D], os[KDA_MAX_D], red[3];
+    int h = blockIdx.x, d = hp.kda_dim, P = hp.kda_heads * d, i = threadIdx.x;
+    float *Sh = S + (size_t)h * d * d;
+    if (S_in != S)
+        for (int r = 0; r < d; r++)
+            Sh[(size_t)r * d + i] = S_in[(size_t)h * d * d + (size_t)r * d + i];
+    float qscale = 1.0f / sqrtf((float)d);
+    for (int t = 0; t < T; t++) {
+        size_t base = (size_t)t * P + (size_t)h * d;
+        __syncthreads(); /* the last position's reads of the shared rows are done */
+        if (i == 0) {
+            float qn = 0.0f, kn = 0.0f;
+            for (int j = 0; j < d; j++) {
+                qn += q[base + j] * q[base + j];
+                kn += k[base + j] * k[base + j];
+            }
+            red[0] = 1.0f / sqrtf(qn + 1e-6f);
+            red[1] = 1.0f / sqrtf(kn + 1e-6f);
+        }
+        __syncthreads();
+        qs[i] = q[base + i] * red[0] * qscale;
+        ks[i] = k[base + i] * red[1];
+        float z = f[base + i] + dt_bias[h * d + i], g;
+        if (hp.kda_gate == KDA_GATE_LOWER_BOUND)
+            g = hp.kda_lower_bound * km_sigmoidf(A[h] * z);
+        else
+            g = -A[h] * km_softplusf(z);
+        al[i] = km_expf(g);
+        __syncthreads();
+        float bt = km_sigmoidf(beta[(size_t)t * hp.kda_heads + h]);
+        /* kda_step, column i */
+        float u = 0.0f;
+        for (int r = 0; r < d; r++) {
+            float sv = Sh[(size_t)r * d + i] * al[r];
+            Sh[(size_t)r * d + i] = sv;
+            u = __fmaf_rn(sv, ks[r], u);
+        }
+        u = bt * (v[base + i] - u);
+        float oc = 0.0f;
+        for (int r = 0; r < d; r++) {
+            float sv = __fmaf_rn(ks[r], u, Sh[(size_t)r * d + i]);
+            Sh[(size_t)r * d + i] = sv;
+            oc = __fmaf_rn(sv, qs[r], oc);
+        }
+        if (!o)
+            continue;
+        os[i] = oc;
+        __syncthreads();
+        if (i == 0) {
+            float ss = 0.0f;
+            for (int c = 0; c < d; c++)
+                ss += os[c] * os[c];
+            red[2] = 1.0f / sqrtf(ss / (float)d + hp.rms_eps);
+        }
+        __syncthreads();
+        o[base + i] = os[i] * red[2] * o_norm[i] * km_sigmoidf(gate[base + i]);
+    }
+}
+
+extern "C" void cudab_kda_heads(const hparams *hp, const float *S_in, float *S, const float *q, const float *k,
+                                const float *v, const float *f, const float *beta, const float *gate, const float *A,
+                                const float *dt_bias, const float *o_norm, float *o, int T, void *stream)
+{
+    k_kda_heads<<<(unsigned)hp->kda_heads, (unsigned)hp->kda_dim, 0, (cudaStream_t)stream>>>(
+        *hp, S_in, S, q, k, v, f, beta, gate, A, dt_bias, o_norm, o, T);
+}

@@ -34,6 +34,16 @@ void cudab_mla_attend(const float *q, const float *wkv, float *const *chunks, in
                       int rope, int r, int vd, float scale, float *sc, float *o, void *stream);
 /* o[i] = o[i] * km_sigmoidf(g[i]) (K3's output gate) */
 void cudab_gate(float *o, const float *g, size_t n, void *stream);
+/* blk_kda.c's short_conv for one of q, k, v: u [T][P] in place, taps wt [P][K], the window of the
+ * last K - 1 raw inputs win_in [K-1][P] -> win_out (may be win_in) */
+void cudab_short_conv(const float *wt, int K, int P, const float *win_in, float *win_out, float *u, int T,
+                      void *stream);
+/* blk_kda.c's kda_heads for every head: S_in -> S [heads][d][d] over T positions of the conv'd q, k,
+ * v and f [T][P] and beta logits [T][heads]; o [T][P] the gated, normed outputs (NULL: only the
+ * state). A, dt_bias, o_norm: the layer's vectors; gate [T][P] (unused when o is NULL). */
+void cudab_kda_heads(const struct hparams *hp, const float *S_in, float *S, const float *q, const float *k,
+                     const float *v, const float *f, const float *beta, const float *gate, const float *A,
+                     const float *dt_bias, const float *o_norm, float *o, int T, void *stream);
 /* blk_gqa's attention of T queries q [T][nh][hd] at positions pos0 .. over the cache into
  * o [T][nh][hd]; sc: scratch of T * nh * (pos0 + T) floats */
 void cudab_gqa_attend(const float *q, float *const *chunks, int pos0, int T, int nh, int nkv, int hd, float scale,
