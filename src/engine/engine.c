@@ -363,5 +363,9 @@ const tok *engine_tok(engine *e, errbuf *err)
 
 void engine_describe(const engine *e, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "model %s, kernels %s, %d threads", e->m->hp.arch, e->k->name, pool_size(e->pool));
+    if (e->be_dev) /* the passes run on a device; the host's threads and kernels serve the rest */
+        snprintf(buf, cap, "model %s, device %s:%d, host kernels %s, %d threads", e->m->hp.arch, e->be->name,
+                 e->be_index, e->k->name, pool_size(e->pool));
+    else
+        snprintf(buf, cap, "model %s, kernels %s, %d threads", e->m->hp.arch, e->k->name, pool_size(e->pool));
 }

@@ -100,7 +100,7 @@ int engine_threads(const engine *e);
 const tok *engine_tok(engine *e, errbuf *err);
 /* The weight store, NULL when every weight is resident: for statistics and `bench io`. */
 struct store *engine_store(engine *e);
-/* One line naming what runs: model type, kernels, threads. */
+/* One line naming what runs: model type, device (when not the CPU), kernels, threads. */
 void engine_describe(const engine *e, char *buf, size_t cap);
 /* --stats lines on the weights (resident, or the store's figures over `tokens` in `seconds`);
  * engine_mark_decode notes the store's counters at the first generated token, and
