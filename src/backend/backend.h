@@ -23,11 +23,21 @@
 
 #include "model/blk.h"
 
+/* What a device backend is opened with. */
+typedef struct backend_cfg {
+    int index;            /* which device of the kind (--device cuda:N) */
+    uint64_t vram_budget; /* bytes of device memory for weights (--vram-budget; 0: what the device
+                             has free, less a reserve for sessions) */
+    int experts_streamed; /* 1: the routed experts come through the weight source (b->xs) pass by
+                             pass (a weight store): the backend copies everything else at open and
+                             keeps the experts in a cache of what the budget leaves; 0: all at open */
+} backend_cfg;
+
 typedef struct backend_ops {
     const char *name; /* "cpu", "cuda" */
     /* A device's state for one model (its copies of the weights, its queues): opened with the
      * engine, passed to every operation as b->dev, closed with it. NULL open: none needed. */
-    void *(*open)(const model *m, int index, errbuf *err); /* index: which device of the kind */
+    void *(*open)(const model *m, const backend_cfg *cfg, errbuf *err);
     void (*close)(void *dev);
     /* The memory a session's passes read and write (the pass arena's block, the attention caches):
      * bytes aligned to 64, NULL when out of memory. NULL mem_alloc: host memory (malloc). */

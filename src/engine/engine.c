@@ -212,16 +212,21 @@ out:
     return rc;
 }
 
-/* The backend's state for the model (its copies of the weights): a device backend holds every
- * weight, so a weight store, which streams them through RAM, is not for it yet. */
-static int engine_start_backend(engine *e, errbuf *err)
+/* The backend's state for the model (its copies of the weights). With a weight store, a device
+ * backend holds every layer's spine and caches the routed experts the store hands it, so the
+ * store must keep every spine resident. */
+static int engine_start_backend(engine *e, uint64_t vram_budget, errbuf *err)
 {
     if (!e->be->open)
-        return 0;
-    if (e->store)
-        return errbuf_set(err, "--device %s: the model must fit the device whole (weights streamed from a store "
-                               "run on the CPU only so far)", e->be->name);
-    e->be_dev = e->be->open(e->m, e->be_index, err);
+        return vram_budget ? errbuf_set(err, "--vram-budget applies to a device (--device cuda), not to the %s",
+                                        e->be->name)
+                           : 0;
+    const store_plan *p = e->store ? store_plan_get(e->store) : NULL;
+    if (p && p->spine_streamed > 0)
+        return errbuf_set(err, "--device %s: %d layers' spines stream through RAM; the device needs every spine "
+                               "resident (a larger --ram-budget)", e->be->name, p->spine_streamed);
+    backend_cfg c = {.index = e->be_index, .vram_budget = vram_budget, .experts_streamed = e->store != NULL};
+    e->be_dev = e->be->open(e->m, &c, err);
     return e->be_dev ? 0 : -1;
 }
 
@@ -269,7 +274,7 @@ int engine_open(const engine_opts *o, engine **out, errbuf *err)
         }
         blob_table_free(&bt);
     }
-    if (engine_start_backend(e, err) != 0) {
+    if (engine_start_backend(e, o->vram_budget, err) != 0) {
         engine_free(e);
         return -1;
     }
@@ -295,7 +300,7 @@ int engine_wrap(const model *m, struct store *st, const engine_opts *o, engine *
         free(e);
         return -1;
     }
-    if (engine_start_backend(e, err) != 0) {
+    if (engine_start_backend(e, o->vram_budget, err) != 0) {
         engine_free(e);
         return -1;
     }

@@ -60,6 +60,8 @@ typedef struct engine_opts {
     int threads;           /* 0: every CPU this process may run on */
     const char *kernels;   /* "auto" (or NULL), "scalar", "avx2", "avx512", "neon" */
     const char *device;    /* where passes run (backend.h): "cpu" (or NULL); "cuda[:N]" in a CUDA build */
+    uint64_t vram_budget;  /* a device's bytes for weights: every spine, then a cache of streamed
+                              experts (0: its free memory less a reserve) */
     const struct hub_opts *hub; /* where a streamed install (setup --stream) fetches the experts it
                               does not hold yet; NULL: offline (such an expert is an error) */
     engine *pool_of;       /* run on this engine's threads (a drafter model beside its target: one
@@ -69,7 +71,7 @@ typedef struct engine_opts {
 void engine_opts_default(engine_opts *o);
 /* Consumes argv[*i] (and its value, advancing *i) when it is one of the options above:
  * --model, --ram-budget, --drives, --emulate-drives, --io, --prefetch, --no-verify, --threads,
- * --kernels, --device. Returns 1 when consumed, 0 when it is not an engine option, -1 when its value is
+ * --kernels, --device, --vram-budget. Returns 1 when consumed, 0 when it is not an engine option, -1 when its value is
  * bad or missing (err names the option). */
 int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err);
 extern const char ENGINE_OPTS_HELP[];

@@ -6,13 +6,15 @@
 #include "store/store.h"
 
 const char ENGINE_OPTS_HELP[] =
-    "model: [--model DIR] [--threads N] [--kernels auto|scalar|avx2|avx512|neon] [--device cpu|cuda[:N]]\n"
+    "model: [--model DIR] [--threads N] [--kernels auto|scalar|avx2|avx512|neon]\n"
+    "       [--device cpu|cuda[:N]] [--vram-budget BYTES]\n"
     "weight store: [--ram-budget BYTES] [--drives DIR,...] [--emulate-drives MBps:lat_us,...]\n"
     "              [--prefetch on|off] [--io uring|pread] [--no-verify]\n"
     "  --model takes a Hugging Face folder or a DFSP store (deltafin prepare); without it the bundled\n"
     "  default model runs. --kernels pins the instruction set (the logits are the same bits). --device\n"
     "  picks where passes run: cpu, or cuda[:N] in a CUDA build (make CUDA=1: the whole pass on GPU N,\n"
-    "  every weight in its memory; the logits are the same bits).\n"
+    "  every spine in its memory, routed experts too or, with a weight store, a cache of them in what\n"
+    "  --vram-budget leaves; the logits are the same bits).\n"
     "  --ram-budget (e.g. 8G) bounds the RAM for weights: the globals and as many layer spines as fit\n"
     "  stay resident, the other layers' spines stream through two slots, experts through a cache of\n"
     "  what is left. Without it, everything stays mapped when it fits in 80% of physical memory.\n";
@@ -28,7 +30,7 @@ int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err
 {
     static const char *const names[] = {"--model",   "--ram-budget", "--drives",  "--emulate-drives",
                                         "--prefetch", "--io",        "--threads", "--kernels",
-                                        "--device"};
+                                        "--device",  "--vram-budget"};
     if (!strcmp(argv[*i], "--no-verify")) {
         o->verify = 0;
         return 1;
@@ -70,8 +72,12 @@ int engine_opts_parse(engine_opts *o, int argc, char **argv, int *i, errbuf *err
     case 7:
         o->kernels = v;
         break;
-    default:
+    case 8:
         o->device = v;
+        break;
+    default:
+        if (store_parse_bytes(v, &o->vram_budget) != 0 || o->vram_budget == 0)
+            return errbuf_set(err, "--vram-budget expects bytes like 40G or 512M, got '%s'", v);
     }
     return 1;
 }

@@ -159,7 +159,9 @@ TEST(kern_cuda_elementwise) { kern_test_elementwise(cuda_ops()); }
 
 /* ---- whole passes: the CUDA backend against the CPU's, memcmp ---- */
 
+#include "backend/cuda/backend_cuda.h"
 #include "engine/engine_int.h"
+#include "store/store.h"
 #include "test_util.h"
 
 /* an engine over m on `device` ("cpu" or "cuda"), two threads, the best CPU kernels */
@@ -319,3 +321,71 @@ static void commit_case(const char *name)
 TEST(cuda_backend_commit_kimi_k3) { commit_case("kimi_k3-a"); }
 TEST(cuda_backend_commit_kimi_linear) { commit_case("kimi_linear-a"); }
 TEST(cuda_backend_commit_qwen3) { commit_case("qwen3-a"); }
+
+/* The VRAM tier: a weight store keeps every spine in RAM and streams the routed experts; the GPU
+ * holds the spines and a cache of a few experts (--vram-budget: the spine and about four expert
+ * slots, far below the model's experts), refilled least recently used first. The logits are the
+ * resident CPU's, to the bit, in passes of 1 and 5; the cache missed more often than it has slots
+ * (so slots were refilled). */
+static void vram_case(const char *name)
+{
+    if (!cuda_ops()) {
+        test_skip("no CUDA device");
+        return;
+    }
+    errbuf err;
+    model m;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
+    blob_table bt;
+    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
+    uint64_t X = bt.max_expert, spine = bt.spine_bytes;
+    store_cfg c;
+    memset(&c, 0, sizeof c);
+    io_cfg_default(&c.io);
+    c.ram_budget = spine + (uint64_t)(2 * m.hp.top_k + 4) * (X + 4096); /* every spine stays resident */
+    c.verify = 1;
+    store *st = NULL;
+    int opened = store_open(&st, &m, &bt, NULL, &c, &err) == 0;
+    engine *cpu = opened ? dev_engine(&m, "cpu", &err) : NULL, *gpu = NULL;
+    if (cpu) {
+        engine_opts o;
+        engine_opts_default(&o);
+        o.threads = 2;
+        o.device = "cuda";
+        o.vram_budget = spine + spine / 8 + 4 * (X + 4096);
+        if (engine_wrap(&m, st, &o, &gpu, &err) != 0)
+            gpu = NULL;
+    }
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 6151 + 11) % m.hp.vocab);
+    size_t V = (size_t)m.hp.vocab;
+    float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
+    float *g1 = want ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
+    float *g5 = g1 ? tu_eval_engine(gpu, ids, N, 5, &err) : NULL;
+    int same = g5 && !memcmp(g1, want, sizeof(float) * N * V) && !memcmp(g5, want, sizeof(float) * N * V);
+    uint64_t hits = 0, misses = 0;
+    int slots = 0;
+    if (gpu)
+        backend_cuda_stats(gpu->be_dev, &hits, &misses, &slots);
+    int all = m.hp.n_layers * m.hp.n_experts;
+    free(want);
+    free(g1);
+    free(g5);
+    engine_free(gpu);
+    engine_free(cpu);
+    store_free(st);
+    model_free(&m);
+    CHECKF(gpu, "%s: %s", name, err.msg);
+    CHECKF(same, "%s: the GPU with streamed experts differs from the resident CPU (%s)", name, err.msg);
+    CHECKF(slots > 0 && slots < all && misses > (uint64_t)slots, /* evicted and refilled */
+           "%s: %d VRAM slots of %d experts, %llu hits, %llu misses", name, slots, all, (unsigned long long)hits,
+           (unsigned long long)misses);
+}
+
+TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a"); }
+TEST(cuda_backend_vram_tier_qwen3_moe) { vram_case("qwen3_moe-a"); }
+TEST(cuda_backend_vram_tier_kimi_k2_int4) { vram_case("kimi_k2-int4"); }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_blk.h"
 #include "backend/cuda/cuda_kern.h"
 #include "model/moe_route.h"
@@ -44,6 +45,18 @@ typedef struct cuda_dev {
     size_t sc_cap;
     float *wkv;   /* device: [wkv_cap] an MLA layer's kv_b, decoded */
     size_t wkv_cap;
+    /* streamed experts (backend_cfg.experts_streamed): a cache of nslot device slots of slot_bytes,
+     * slot_of[layer * n_experts + e] the slot holding (layer, e) or -1 */
+    int nslot, n_experts;
+    size_t slot_bytes;
+    uint8_t *slots;
+    struct xslot {
+        int key;        /* layer * n_experts + expert, -1: empty */
+        uint64_t used;  /* the tick of its last use (least recently used goes first) */
+        mlp_w mats;     /* its matrices, device pointers */
+    } *xs;
+    int *slot_of;
+    uint64_t tick, hits, misses;
     int *sel;     /* host: [4 * moe_cap + n_experts + 1] a MoE layer's choices, then its order, starts
                      and union (moe_route.h's moe_group) */
     size_t moe_cap;
@@ -160,6 +173,9 @@ static void cuda_close(void *p)
         cudaFree(d->sp[i].d);
     cudaFree(d->sc);
     cudaFree(d->wkv);
+    cudaFree(d->slots);
+    free(d->xs);
+    free(d->slot_of);
     free(d->sel);
     free(d->sp);
     free(d->cs);
@@ -173,7 +189,7 @@ static int mlp_add(cuda_dev *d, const mlp_w *w, errbuf *err)
 
 /* a layer's feed-forward weights: the dense MLP, or the MoE's router, latent projections, experts and
  * shared experts */
-static int ffn_add(cuda_dev *d, const hparams *hp, int i, const layer_w *L, errbuf *err)
+static int ffn_add(cuda_dev *d, const hparams *hp, int i, const layer_w *L, int streamed, errbuf *err)
 {
     if (hp->ffn_kind[i] == FFN_DENSE)
         return mlp_add(d, &L->mlp, err);
@@ -183,7 +199,7 @@ static int ffn_add(cuda_dev *d, const hparams *hp, int i, const layer_w *L, errb
               mat_add(d, &w->lat_down, err) || mat_add(d, &w->lat_up, err) ||
               span_add(d, w->lat_norm, (size_t)hp->latent * sizeof(float), err) ||
               (hp->n_shared > 0 && mlp_add(d, &w->shared, err));
-    for (size_t e = 0; e < E && !bad; e++)
+    for (size_t e = 0; e < E && !bad && !streamed; e++)
         bad = mlp_add(d, &w->experts[e], err);
     return bad;
 }
@@ -201,8 +217,113 @@ static int kda_add(cuda_dev *d, const hparams *hp, const kda_w *w, errbuf *err)
     return bad;
 }
 
-static void *cuda_open(const model *m, int index, errbuf *err)
+/* device bytes of a matrix's data and its scales, each rounded up to 256 (an expert slot's parts) */
+static size_t mat_dev_bytes(const kmat *w)
 {
+    size_t a = (wfmt_data_bytes(w->fmt, w->rows, w->cols) + 255) & ~(size_t)255;
+    return a + ((wfmt_scale_bytes(w->fmt, w->rows, w->cols) + 255) & ~(size_t)255);
+}
+
+/* The VRAM expert cache: what the budget leaves after the spine (by default the device's free
+ * memory less a quarter of it, kept for sessions), in slots of the largest expert. */
+static int slots_init(cuda_dev *d, const model *m, uint64_t budget, errbuf *err)
+{
+    const hparams *hp = &m->hp;
+    d->n_experts = hp->n_experts;
+    for (int i = 0; i < hp->n_layers; i++)
+        if (hp->ffn_kind[i] == FFN_MOE)
+            for (int e = 0; e < hp->n_experts; e++) {
+                const mlp_w *x = &m->L[i].moe.experts[e];
+                size_t b = mat_dev_bytes(&x->gate) + mat_dev_bytes(&x->up) + mat_dev_bytes(&x->down);
+                d->slot_bytes = b > d->slot_bytes ? b : d->slot_bytes;
+            }
+    if (d->slot_bytes == 0)
+        return 0; /* no MoE layer: nothing streams */
+    size_t free_b = 0, total = 0;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total);
+    if (e != cudaSuccess)
+        return cu_err(err, "reading the device's free memory", e);
+    uint64_t room = budget ? (budget > d->bytes ? budget - d->bytes : 0) : free_b - free_b / 4;
+    if (room > free_b)
+        room = free_b;
+    uint64_t want = (uint64_t)hp->n_layers * hp->n_experts, n = room / d->slot_bytes;
+    if (n > want)
+        n = want;
+    if (n < 2)
+        return errbuf_set(err, "--device cuda: --vram-budget leaves room for %llu experts after the %llu MB spine; "
+                               "it needs at least 2 (%llu MB each)",
+                          (unsigned long long)n, (unsigned long long)(d->bytes >> 20),
+                          (unsigned long long)(d->slot_bytes >> 20));
+    d->nslot = (int)n;
+    d->xs = calloc((size_t)n, sizeof *d->xs);
+    d->slot_of = malloc(sizeof(int) * (size_t)want);
+    if (!d->xs || !d->slot_of)
+        return errbuf_set(err, "--device cuda: out of memory");
+    for (uint64_t k = 0; k < want; k++)
+        d->slot_of[k] = -1;
+    for (int k = 0; k < d->nslot; k++)
+        d->xs[k].key = -1;
+    if ((e = cudaMalloc((void **)&d->slots, (size_t)n * d->slot_bytes)) != cudaSuccess)
+        return cu_err(err, "the expert cache", e);
+    return 0;
+}
+
+/* copies host matrix w into the device at *at, advancing it; the device view */
+static kmat mat_put(const kmat *w, uint8_t **at)
+{
+    kmat m = *w;
+    size_t db = wfmt_data_bytes(w->fmt, w->rows, w->cols), sb = wfmt_scale_bytes(w->fmt, w->rows, w->cols);
+    cudaMemcpy(*at, w->data, db, cudaMemcpyHostToDevice);
+    m.data = *at;
+    *at += (db + 255) & ~(size_t)255;
+    if (sb) {
+        cudaMemcpy(*at, w->scale, sb, cudaMemcpyHostToDevice);
+        m.scale = *at;
+        *at += (sb + 255) & ~(size_t)255;
+    }
+    return m;
+}
+
+/* Expert (layer, e) on the device: its slot, or the least recently used slot refilled from the
+ * host matrices the weight source handed over (the copies are queued on the one stream, after every
+ * kernel that read the slot's previous expert, so a slot is never overwritten while in use). */
+static const mlp_w *slot_get(cuda_dev *d, int layer, int e, const mlp_w *host)
+{
+    int key = layer * d->n_experts + e, k = d->slot_of[key];
+    d->tick++;
+    if (k >= 0) {
+        d->hits++;
+        d->xs[k].used = d->tick;
+        return &d->xs[k].mats;
+    }
+    d->misses++;
+    k = 0;
+    for (int j = 1; j < d->nslot; j++)
+        if (d->xs[j].used < d->xs[k].used)
+            k = j;
+    if (d->xs[k].key >= 0)
+        d->slot_of[d->xs[k].key] = -1;
+    uint8_t *at = d->slots + (size_t)k * d->slot_bytes;
+    d->xs[k].mats.gate = mat_put(&host->gate, &at);
+    d->xs[k].mats.up = mat_put(&host->up, &at);
+    d->xs[k].mats.down = mat_put(&host->down, &at);
+    d->xs[k].key = key;
+    d->xs[k].used = d->tick;
+    d->slot_of[key] = k;
+    return &d->xs[k].mats;
+}
+
+void backend_cuda_stats(const void *dev, uint64_t *hits, uint64_t *misses, int *slots)
+{
+    const cuda_dev *d = dev;
+    *hits = d->hits;
+    *misses = d->misses;
+    *slots = d->nslot;
+}
+
+static void *cuda_open(const model *m, const backend_cfg *cfg, errbuf *err)
+{
+    int index = cfg->index;
     const hparams *hp = &m->hp;
     for (int i = 0; i < hp->n_layers; i++)
         if (hp->attn_kind[i] == ATTN_KDA && (hp->kda_dim > 256 || hp->conv_k > 16)) {
@@ -246,9 +367,9 @@ static void *cuda_open(const model *m, int index, errbuf *err)
               span_add(d, L->mla.q_a_norm, (size_t)hp->q_lora_rank * sizeof(float), err) ||
               mat_add(d, &L->mla.kv_a, err) || span_add(d, L->mla.kv_a_norm, (size_t)hp->kv_lora_rank * sizeof(float), err) ||
               mat_add(d, &L->mla.kv_b, err) || mat_add(d, &L->mla.g, err) || mat_add(d, &L->mla.o, err) ||
-              kda_add(d, hp, &L->kda, err) || ffn_add(d, hp, i, L, err);
+              kda_add(d, hp, &L->kda, err) || ffn_add(d, hp, i, L, cfg->experts_streamed, err);
     }
-    if (bad || span_upload(d, err) != 0) {
+    if (bad || span_upload(d, err) != 0 || (cfg->experts_streamed && slots_init(d, m, cfg->vram_budget, err))) {
         cuda_close(d);
         return NULL;
     }
@@ -543,7 +664,7 @@ static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int
 /* blk_moe's steps, in its order. The router runs on the GPU; its choices come back to the host,
  * which groups them by expert (moe_route.h, as the CPU does) and queues each chosen expert once
  * over the positions that chose it. */
-static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *out)
+static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
     cuda_dev *d = b->dev;
@@ -572,6 +693,8 @@ static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *
     if (e != cudaSuccess)
         return cu_err(b->err, "the router's choices", e);
     int nu = moe_group(h_sel, (int)TK, E, h_start, h_order, h_uni);
+    if (b->xs && b->xs->begin(b->xs->ctx, layer, h_uni, nu, b->err) != 0)
+        return -1;
     if ((e = cudaMemcpy(order, h_order, TK * sizeof(int), cudaMemcpyHostToDevice)) != cudaSuccess)
         return cu_err(b->err, "the experts' positions", e);
     if (hp->latent)
@@ -580,15 +703,32 @@ static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *
     if (sh && cuda_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
         return -1;
     for (int k = 0; k < nu; k++) {
-        int ex = h_uni[k], n = h_start[ex + 1] - h_start[ex];
+        int ex = h_uni[k];
+        mlp_w dm;
+        const mlp_w *m;
+        if (b->xs) { /* in the order the store hands them over; each kept in the VRAM cache */
+            mlp_w host;
+            int got = b->xs->next(b->xs->ctx, &ex, &host, b->err);
+            if (got < 0)
+                return -1;
+            if (got == 0)
+                return errbuf_set(b->err, "layer %d: the weight source handed over %d of %d experts", layer, k, nu);
+            m = slot_get(d, layer, ex, &host);
+            b->xs->release(b->xs->ctx, layer, ex); /* the copies are staged: the host slot may go */
+        } else {
+            dm.gate = dev_mat(d, &w->experts[ex].gate);
+            dm.up = dev_mat(d, &w->experts[ex].up);
+            dm.down = dev_mat(d, &w->experts[ex].down);
+            m = &dm;
+        }
+        int n = h_start[ex + 1] - h_start[ex];
         const int *chose = order + h_start[ex];
-        const mlp_w *m = &w->experts[ex];
         cudab_gather(xin, chose, n, K, D, gx, NULL);
-        cu_matmul(b, &m->gate, gx, n, g);
-        cu_matmul(b, &m->up, gx, n, u);
+        cudak_matmul(&m->gate, 0, m->gate.rows, gx, (size_t)m->gate.cols, n, g, (size_t)m->gate.rows, NULL);
+        cudak_matmul(&m->up, 0, m->up.rows, gx, (size_t)m->up.cols, n, u, (size_t)m->up.rows, NULL);
         cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, n * I, hp->situ_beta,
                   hp->situ_linear_beta, NULL);
-        cu_matmul(b, &m->down, g, n, gy);
+        cudak_matmul(&m->down, 0, m->down.rows, g, (size_t)m->down.cols, n, gy, (size_t)m->down.rows, NULL);
         cudab_scatter(gy, chose, n, D, slots, NULL);
     }
     cudab_moe_sum(slots, wt, T, K, D, r, NULL);
@@ -606,7 +746,7 @@ static int cuda_moe(const blk *b, const moe_w *w, const float *x, int T, float *
 static int cuda_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
 {
     size_t mark = arena_mark(b->ar);
-    int rc = b->hp->ffn_kind[i] == FFN_MOE ? cuda_moe(b, &L->moe, x, T, out)
+    int rc = b->hp->ffn_kind[i] == FFN_MOE ? cuda_moe(b, i, &L->moe, x, T, out)
                                            : cuda_mlp(b, &L->mlp, b->hp->dense_inter, x, T, out);
     arena_rewind(b->ar, mark);
     return rc;
