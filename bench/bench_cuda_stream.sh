@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# bench/bench_cuda_stream.sh DELTAFIN WORKDIR RAM VRAM [NEW] — streaming decode on the GPU from the
+# machine's disk, with a VRAM budget below the model: WORKDIR/kw (a `synth --preset k3-wide`, made
+# by bench_cuda.sh or here) is laid out as a DFSP store on WORKDIR/drv (`prepare`, read with
+# O_DIRECT), `doctor` measures that drive's O_DIRECT rate, then `run --device cuda --ram-budget RAM
+# --vram-budget VRAM` decodes NEW tokens (default 32) after a 16-token prompt with --stats (the
+# store's read rate is its bytes over the run), and the same run on the CPU gives the same ids.
+set -euo pipefail
+bin=${1:?usage: bench/bench_cuda_stream.sh DELTAFIN WORKDIR RAM VRAM [NEW]}
+work=${2:?}
+ram=${3:?}
+vram=${4:?}
+new=${5:-32}
+mkdir -p "$work"
+[ -f "$work/kw/config.json" ] || "$bin" synth --preset k3-wide --size-gb 6 --out "$work/kw" >/dev/null
+mkdir -p "$work/drv"
+[ -f "$work/st/manifest.json" ] || { echo "== prepare"; "$bin" prepare --model "$work/kw" --out "$work/st" --drives "$work/drv" | tail -n 2; }
+echo "== doctor"
+"$bin" doctor --drives "$work/drv" --no-save | head -n 12
+ids=$(seq 1 16 | awk '{ printf "%s%d", (NR > 1 ? "," : ""), ($1 * 7919) % 32000 + 1 }')
+for dev in cuda cpu; do
+  extra=()
+  [ "$dev" = cuda ] && extra=(--vram-budget "$vram")
+  echo "== run --device $dev --ram-budget $ram ${extra[*]}"
+  "$bin" run --model "$work/st" --device "$dev" --ram-budget "$ram" "${extra[@]}" --tokens "$ids" --max-new "$new" \
+    --draft none --print-ids --stats >"$work/sids-$dev" 2>"$work/sstats-$dev" || { cat "$work/sstats-$dev"; exit 1; }
+  grep -v '^model:' "$work/sstats-$dev" || true
+done
+if cmp -s "$work/sids-cuda" "$work/sids-cpu"; then echo "generated ids: the same on both devices"; else
+  echo "generated ids DIFFER:"; cat "$work/sids-cuda" "$work/sids-cpu"; exit 1; fi
