@@ -74,6 +74,7 @@ OPT=$(OPT)
 CFLAGS=$(CFLAGS)
 SAN=$(SAN)
 BUILD=$(BUILD)
+CUDA=$(CUDA)
 endef
 
 $(BUILD)/deltafin: $(LIB_OBJ) $(CLI_OBJ)

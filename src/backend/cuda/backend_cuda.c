@@ -365,7 +365,8 @@ static void *cuda_open(const model *m, const backend_cfg *cfg, errbuf *err)
               span_add(d, L->gqa.k_norm, hd * sizeof(float), err) || mat_add(d, &L->mla.q, err) ||
               mat_add(d, &L->mla.q_a, err) || mat_add(d, &L->mla.q_b, err) ||
               span_add(d, L->mla.q_a_norm, (size_t)hp->q_lora_rank * sizeof(float), err) ||
-              mat_add(d, &L->mla.kv_a, err) || span_add(d, L->mla.kv_a_norm, (size_t)hp->kv_lora_rank * sizeof(float), err) ||
+              mat_add(d, &L->mla.kv_a, err) ||
+              span_add(d, L->mla.kv_a_norm, (size_t)hp->kv_lora_rank * sizeof(float), err) ||
               mat_add(d, &L->mla.kv_b, err) || mat_add(d, &L->mla.g, err) || mat_add(d, &L->mla.o, err) ||
               kda_add(d, hp, &L->kda, err) || ffn_add(d, hp, i, L, cfg->experts_streamed, err);
     }
