@@ -175,26 +175,58 @@ static engine *dev_engine(const model *m, const char *device, errbuf *err)
     return engine_wrap(m, NULL, &o, &e, err) == 0 ? e : NULL;
 }
 
+#define NEED_GPU()                                                                                       \
+    do {                                                                                                 \
+        if (!cuda_ops()) {                                                                               \
+            test_skip("no CUDA device");                                                                 \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
+/* an oracle case's model (test data) with an engine on each device */
+typedef struct pair {
+    model m;
+    int loaded;
+    engine *cpu, *gpu;
+} pair;
+
+static int pair_open(pair *p, const char *name, errbuf *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    memset(p, 0, sizeof *p);
+    if (model_load(&p->m, dir, err) != 0)
+        return -1;
+    p->loaded = 1;
+    p->cpu = dev_engine(&p->m, "cpu", err);
+    p->gpu = p->cpu ? dev_engine(&p->m, "cuda", err) : NULL;
+    return p->gpu ? 0 : -1;
+}
+
+static void pair_close(pair *p)
+{
+    engine_free(p->gpu);
+    engine_free(p->cpu);
+    if (p->loaded)
+        model_free(&p->m);
+}
+
 /* Every position's logits of a 40-token sequence (two KV chunks' worth of rows would need 257:
  * the chunk walk is covered by cuda_backend_long_context), in passes of 1, 7 and 40 tokens on the
  * GPU, against one CPU run: the same bits for every chunking. */
 static void gpu_case(const char *name)
 {
-    if (!cuda_ops()) {
-        test_skip("no CUDA device");
-        return;
-    }
+    NEED_GPU();
     errbuf err;
-    model m;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
-    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
-    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    pair P;
+    int opened = pair_open(&P, name, &err) == 0;
+    const model *mp = &P.m;
+    engine *cpu = P.cpu, *gpu = opened ? P.gpu : NULL;
     enum { N = 40 };
     int32_t ids[N];
     for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 7919 + 17) % m.hp.vocab);
-    size_t V = (size_t)m.hp.vocab;
+        ids[i] = (int32_t)((i * 7919 + 17) % mp->hp.vocab);
+    size_t V = (size_t)mp->hp.vocab;
     int on_gpu = gpu && gpu->be == &backend_cuda && gpu->be_dev; /* not the CPU behind another name */
     float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
     static const int chunks[] = {1, 7, N};
@@ -207,9 +239,7 @@ static void gpu_case(const char *name)
     }
     int ok = gpu && want;
     free(want);
-    engine_free(gpu);
-    engine_free(cpu);
-    model_free(&m);
+    pair_close(&P);
     CHECKF(ok, "%s: %s", name, err.msg);
     CHECKF(on_gpu, "%s: the engine asked for --device cuda does not run on the CUDA backend", name);
     CHECKF(bad_chunk < 0, "%s: the GPU's logits in passes of %d differ from the CPU's (%s)", name, bad_chunk,
@@ -235,29 +265,23 @@ TEST(cuda_backend_kimi_k3_h) { gpu_case("kimi_k3-h"); }
 /* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
 TEST(cuda_backend_long_context)
 {
-    if (!cuda_ops()) {
-        test_skip("no CUDA device");
-        return;
-    }
+    NEED_GPU();
     errbuf err;
-    model m;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/qwen3-a", test_data("oracle"));
-    CHECKF(model_load(&m, dir, &err) == 0, "%s", err.msg);
-    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    pair P;
+    int opened = pair_open(&P, "qwen3-a", &err) == 0;
+    const model *mp = &P.m;
+    engine *cpu = P.cpu, *gpu = opened ? P.gpu : NULL;
     enum { N = 300 };
     int32_t *ids = malloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 31 + 5) % m.hp.vocab);
+        ids[i] = (int32_t)((i * 31 + 5) % mp->hp.vocab);
     float *want = gpu ? tu_eval_engine(cpu, ids, N, 64, &err) : NULL;
     float *got = want ? tu_eval_engine(gpu, ids, N, 64, &err) : NULL;
-    int same = got && !memcmp(got, want, sizeof(float) * N * (size_t)m.hp.vocab);
+    int same = got && !memcmp(got, want, sizeof(float) * N * (size_t)mp->hp.vocab);
     free(ids);
     free(want);
     free(got);
-    engine_free(gpu);
-    engine_free(cpu);
-    model_free(&m);
+    pair_close(&P);
     CHECKF(same, "300 positions on the GPU differ from the CPU's (%s)", err.msg);
 }
 
@@ -267,21 +291,17 @@ TEST(cuda_backend_long_context)
  * restored by session_sync (host copies of the device's state) gives the same bits too. */
 static void commit_case(const char *name)
 {
-    if (!cuda_ops()) {
-        test_skip("no CUDA device");
-        return;
-    }
+    NEED_GPU();
     errbuf err;
-    model m;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
-    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
-    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = cpu ? dev_engine(&m, "cuda", &err) : NULL;
+    pair P;
+    int opened = pair_open(&P, name, &err) == 0;
+    const model *mp = &P.m;
+    engine *cpu = P.cpu, *gpu = opened ? P.gpu : NULL;
     enum { N = 30, PASS = 6, KEEP = 4 };
     int32_t ids[N + PASS];
     for (int i = 0; i < N + PASS; i++)
-        ids[i] = (int32_t)((i * 104729 + 3) % m.hp.vocab);
-    size_t V = (size_t)m.hp.vocab;
+        ids[i] = (int32_t)((i * 104729 + 3) % mp->hp.vocab);
+    size_t V = (size_t)mp->hp.vocab;
     float *want = gpu ? tu_eval_engine(cpu, ids, N + PASS, N + PASS, &err) : NULL;
     session *s = want ? tu_session(gpu, N + PASS, PASS, &err) : NULL;
     int bad_pos = -1, n = 0;
@@ -308,9 +328,7 @@ static void commit_case(const char *name)
     }
     session_free(s);
     free(want);
-    engine_free(gpu);
-    engine_free(cpu);
-    model_free(&m);
+    pair_close(&P);
     CHECKF(s, "%s: %s", name, err.msg);
     CHECKF(bad_pos < 0, "%s: position %d after commits on the GPU differs from the CPU's cold run (%s)", name,
            bad_pos, err.msg);
@@ -329,10 +347,7 @@ TEST(cuda_backend_commit_qwen3) { commit_case("qwen3-a"); }
  * (so slots were refilled). */
 static void vram_case(const char *name)
 {
-    if (!cuda_ops()) {
-        test_skip("no CUDA device");
-        return;
-    }
+    NEED_GPU();
     errbuf err;
     model m;
     char dir[4096];

@@ -419,6 +419,22 @@ static void cuda_rmsnorm(const blk *b, const float *x, const float *w, int T, in
     cudab_rmsnorm(x, dev_vec(b, w), T, n, (size_t)n, eps, y, NULL);
 }
 
+/* a device buffer of at least `need` floats in *p (*cap now), grown only when a pass needs more
+ * than any before; what it held is not kept */
+static int dev_grow(float **p, size_t *cap, size_t need, const char *what, errbuf *err)
+{
+    if (need <= *cap)
+        return 0;
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc((void **)p, need * sizeof(float));
+    if (e != cudaSuccess)
+        return cu_err(err, what, e);
+    *cap = need;
+    return 0;
+}
+
 /* What an attention block's kernels need besides its buffers, on the device: the RoPE rows of
  * positions pos0 .. pos0+T-1 (*cs, from blk_rope_table), the cache's chunk pointers (*chunks), and
  * room for T x heads x (pos0 + T) scores (d->sc). The host-side and score buffers grow only for a
@@ -440,15 +456,8 @@ static int attn_tables(const blk *b, layer_state *st, int pos0, int T, int heads
         d->cs = c;
         d->cs_cap = need_cs;
     }
-    if (need_sc > d->sc_cap) {
-        cudaFree(d->sc);
-        d->sc = NULL;
-        d->sc_cap = 0;
-        cudaError_t e = cudaMalloc((void **)&d->sc, need_sc * sizeof(float));
-        if (e != cudaSuccess)
-            return cu_err(b->err, "attention scores", e);
-        d->sc_cap = need_sc;
-    }
+    if (dev_grow(&d->sc, &d->sc_cap, need_sc, "attention scores", b->err))
+        return -1;
     if (hp->rope != ROPE_NONE)
         for (int t = 0; t < T; t++)
             blk_rope_table(hp, pos0 + t, d->cs + (size_t)t * rd);
@@ -498,16 +507,8 @@ static int cuda_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, con
     float *cs, **chunks;
     if (!q || !kv || !o || attn_tables(b, st, pos0, T, nh, &cs, &chunks))
         return -1;
-    size_t need_wkv = (size_t)w->kv_b.rows * w->kv_b.cols;
-    if (need_wkv > d->wkv_cap) {
-        cudaFree(d->wkv);
-        d->wkv = NULL;
-        d->wkv_cap = 0;
-        cudaError_t e = cudaMalloc((void **)&d->wkv, need_wkv * sizeof(float));
-        if (e != cudaSuccess)
-            return cu_err(b->err, "MLA's decoded kv_b", e);
-        d->wkv_cap = need_wkv;
-    }
+    if (dev_grow(&d->wkv, &d->wkv_cap, (size_t)w->kv_b.rows * w->kv_b.cols, "MLA's decoded kv_b", b->err))
+        return -1;
     if (hp->q_lora_rank > 0) {
         float *cq = blk_alloc(b, (size_t)T * hp->q_lora_rank);
         if (!cq)

@@ -1,9 +1,7 @@
 /* cuda_blk.cu — see cuda_blk.h. Built with cuda_kern.cu's flags (-fmad=false, IEEE division and
  * square root), so each expression rounds as the CPU's C does.
  *
- * A seq64 dot (a norm's sum of squares, an attention score) is one warp: thread j holds the sums
- * of lanes j and j + 32, whose add is the tree's first step, and shuffles do the rest, as
- * cuda_kern.cu's k_dot_rows. Sequential loops of the CPU code (a softmax's max and its sum over
+ * A seq64 dot (a norm's sum of squares, an attention score) is one warp (cuda_warp.cuh). Sequential loops of the CPU code (a softmax's max and its sum over
  * keys in order) run in one thread, in the same order. */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -12,26 +10,11 @@ extern "C" {
 #include "backend/cuda/cuda_blk.h"
 #include "model/model.h"
 }
+#include "backend/cuda/cuda_warp.cuh"
 #include "kernels/kmath.h"
 #include "model/moe_route.h"
 
 enum { KV_CHUNK = 256 }; /* blk.h's BLK_KV_CHUNK */
-
-/* seq64 dot of a and b over n, the whole warp calling; every lane gets the result */
-__device__ __forceinline__ float warp_dot64(const float *a, const float *b, int n)
-{
-    int j = threadIdx.x & 31;
-    float a0 = 0.0f, a1 = 0.0f;
-    for (int i = j; i < n; i += 64) {
-        a0 = __fmaf_rn(a[i], b[i], a0);
-        if (i + 32 < n)
-            a1 = __fmaf_rn(a[i + 32], b[i + 32], a1);
-    }
-    float v = a0 + a1;
-    for (int h = 16; h >= 1; h /= 2)
-        v = v + __shfl_down_sync(0xFFFFFFFFu, v, h);
-    return __shfl_sync(0xFFFFFFFFu, v, 0);
-}
 
 /* one warp per row; every lane has read its x before the shuffles, so y may be x */
 __global__ void k_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y)

@@ -20,10 +20,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "backend/cuda/cuda_kern.h"
 #include "kernels/kern.h"
 }
+#include "backend/cuda/cuda_warp.cuh"
 #include "kernels/kmath.h"
 
 enum { MM_C = 128 };
@@ -123,6 +126,28 @@ template <int FMT> __device__ __forceinline__ int lane_col(int l, int s)
 
 /* ---- matrix products ---- */
 
+/* The end of every matrix kernel: each (row, token) of a thread's tile adds its 16 lanes' sums in
+ * seq16's tree (h = 8, 4, 2, 1: acc[j] + acc[j + h], by shuffles within the 16 lanes) and lane 0
+ * stores rows ra .. ra + RT and tokens ta .. ta + TT of them that exist. The whole warp calls. */
+template <int RT, int TT>
+__device__ __forceinline__ void tile_store(float (&acc)[RT][TT], int ra, int ta, int r0, int r1, int T, float *y,
+                                           size_t ldy)
+{
+    int lane = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            float v = acc[j][k];
+#pragma unroll
+            for (int h = 8; h >= 1; h /= 2)
+                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
+            int r = ra + j, t = ta + k;
+            if (lane == 0 && r < r1 && t < T)
+                y[(size_t)t * ldy + (size_t)(r - r0)] = v;
+        }
+}
+
 /* A block of threads computes BR = RG x RT rows times BT = TGN x TT tokens: thread (lane, rg, tg)
  * holds the lane's sums of rows rg*RT .. +RT and tokens tg*TT .. +TT. Shared rows are padded so
  * that the two row groups of a warp read different banks. */
@@ -180,18 +205,7 @@ __global__ void __launch_bounds__(16 * RG * TGN)
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < RT; j++)
-#pragma unroll
-        for (int k = 0; k < TT; k++) {
-            float v = acc[j][k];
-#pragma unroll
-            for (int h = 8; h >= 1; h /= 2)
-                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
-            int r = rbase + rg * RT + j, t = tbase + tg * TT + k;
-            if (lane == 0 && r < r1 && t < T)
-                y[(size_t)t * ldy + (size_t)(r - r0)] = v;
-        }
+    tile_store<RT, TT>(acc, rbase + rg * RT, tbase + tg * TT, r0, r1, T, y, ldy);
 }
 
 /* Passes of T <= 8 tokens are bound by reading the weights once (decode, verify): k_gemv keeps as
@@ -354,18 +368,7 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
         }
         __syncthreads(); /* every warp is done with xs[b & 1] before block b + 2 is copied there */
     }
-#pragma unroll
-    for (int j = 0; j < RT; j++)
-#pragma unroll
-        for (int k = 0; k < TT; k++) {
-            float v = acc[j][k];
-#pragma unroll
-            for (int h = 8; h >= 1; h /= 2)
-                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
-            int r = rbase + half * RT + j;
-            if (lane == 0 && r < r1 && k < T)
-                y[(size_t)k * ldy + (size_t)(r - r0)] = v;
-        }
+    tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
 }
 
 template <int FMT, int TT>
@@ -414,35 +417,35 @@ static void matmul_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx
         launch_mm<FMT, 4, 8, 8, 4>(w, r0, r1, x, ldx, T, y, ldy, st);
 }
 
+/* Calls f with the format as a compile-time constant (std::integral_constant), so that each
+ * format's kernels are instantiated once and chosen here. */
+template <typename F> static void by_format(int fmt, F f)
+{
+    switch (fmt) {
+    case WF_F32:
+        return f(std::integral_constant<int, WF_F32>());
+    case WF_F16:
+        return f(std::integral_constant<int, WF_F16>());
+    case WF_BF16:
+        return f(std::integral_constant<int, WF_BF16>());
+    case WF_MXFP4:
+        return f(std::integral_constant<int, WF_MXFP4>());
+    case WF_INT4G32:
+        return f(std::integral_constant<int, WF_INT4G32>());
+    case WF_FP8B128:
+        return f(std::integral_constant<int, WF_FP8B128>());
+    case WF_INT8G32:
+        return f(std::integral_constant<int, WF_INT8G32>());
+    }
+}
+
 extern "C" void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y,
                              size_t ldy, void *stream)
 {
     if (r1 <= r0 || T <= 0)
         return;
     cudaStream_t st = (cudaStream_t)stream;
-    switch (w->fmt) {
-    case WF_F32:
-        matmul_fmt<WF_F32>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_F16:
-        matmul_fmt<WF_F16>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_BF16:
-        matmul_fmt<WF_BF16>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_MXFP4:
-        matmul_fmt<WF_MXFP4>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_INT4G32:
-        matmul_fmt<WF_INT4G32>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_FP8B128:
-        matmul_fmt<WF_FP8B128>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    case WF_INT8G32:
-        matmul_fmt<WF_INT8G32>(w, r0, r1, x, ldx, T, y, ldy, st);
-        break;
-    }
+    by_format(w->fmt, [&](auto fmt) { matmul_fmt<decltype(fmt)::value>(w, r0, r1, x, ldx, T, y, ldy, st); });
 }
 
 template <int FMT> __global__ void k_decode_rows(kmat w, int r0, int r1, float *out)
@@ -459,52 +462,22 @@ extern "C" void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, voi
         return;
     unsigned blocks = (unsigned)((n + 255) / 256);
     cudaStream_t st = (cudaStream_t)stream;
-    switch (w->fmt) {
-    case WF_F32:
-        k_decode_rows<WF_F32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_F16:
-        k_decode_rows<WF_F16><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_BF16:
-        k_decode_rows<WF_BF16><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_MXFP4:
-        k_decode_rows<WF_MXFP4><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_INT4G32:
-        k_decode_rows<WF_INT4G32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_FP8B128:
-        k_decode_rows<WF_FP8B128><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    case WF_INT8G32:
-        k_decode_rows<WF_INT8G32><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
-        break;
-    }
+    by_format(w->fmt, [&](auto fmt) {
+        k_decode_rows<decltype(fmt)::value><<<blocks, 256, 0, st>>>(*w, r0, r1, out);
+    });
 }
 
 /* ---- vectors ---- */
 
-/* One warp per row: thread j holds seq64's sums j and j + 32, so the tree's first step
- * (h = 32) is its own add and the rest are shuffles. */
+/* one warp per row (cuda_warp.cuh's seq64 dot) */
 __global__ void k_dot_rows(const float *__restrict__ a, const float *__restrict__ x, size_t ldx, int rows, int n,
                            float *__restrict__ out)
 {
-    int s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, j = threadIdx.x & 31;
+    int s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (s >= rows)
         return;
-    const float *xs = x + (size_t)s * ldx;
-    float a0 = 0.0f, a1 = 0.0f;
-    for (int i = j; i < n; i += 64) {
-        a0 = __fmaf_rn(a[i], xs[i], a0);
-        if (i + 32 < n)
-            a1 = __fmaf_rn(a[i + 32], xs[i + 32], a1);
-    }
-    float v = a0 + a1;
-    for (int h = 16; h >= 1; h /= 2)
-        v = v + __shfl_down_sync(0xFFFFFFFFu, v, h);
-    if (j == 0)
+    float v = warp_dot64(a, x + (size_t)s * ldx, n);
+    if ((threadIdx.x & 31) == 0)
         out[s] = v;
 }
 
