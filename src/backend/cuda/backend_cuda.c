@@ -45,6 +45,11 @@ typedef struct cuda_dev {
     size_t sc_cap;
     float *wkv;   /* device: [wkv_cap] an MLA layer's kv_b, decoded */
     size_t wkv_cap;
+    /* device buffers a pass needs beyond what the CPU's blocks take from the pass arena (whose
+     * size pass_floats counts): the RoPE rows, the cache's chunk pointers, the router's scratch,
+     * the logits before they go to the host */
+    float *cs_dev, *chunks_dev, *route_dev, *lg_dev;
+    size_t cs_dev_cap, chunks_dev_cap, route_dev_cap, lg_dev_cap;
     /* streamed experts (backend_cfg.experts_streamed): a cache of nslot device slots of slot_bytes,
      * slot_of[layer * n_experts + e] the slot holding (layer, e) or -1 */
     int nslot, n_experts;
@@ -173,6 +178,10 @@ static void cuda_close(void *p)
         cudaFree(d->sp[i].d);
     cudaFree(d->sc);
     cudaFree(d->wkv);
+    cudaFree(d->cs_dev);
+    cudaFree(d->chunks_dev);
+    cudaFree(d->route_dev);
+    cudaFree(d->lg_dev);
     cudaFree(d->slots);
     free(d->xs);
     free(d->slot_of);
@@ -445,10 +454,12 @@ static int attn_tables(const blk *b, layer_state *st, int pos0, int T, int heads
     cuda_dev *d = b->dev;
     int rd = hp->rope_dim > 0 ? hp->rope_dim : 1, n = pos0 + T, nchunks = (n + BLK_KV_CHUNK - 1) / BLK_KV_CHUNK;
     size_t need_cs = (size_t)T * rd, need_sc = (size_t)T * heads * n;
-    *cs = blk_alloc(b, need_cs);
-    *chunks = (float **)blk_alloc(b, (size_t)nchunks * sizeof(float *) / sizeof(float) + 1);
-    if (!*cs || !*chunks)
+    if (dev_grow(&d->cs_dev, &d->cs_dev_cap, need_cs, "RoPE rows", b->err) ||
+        dev_grow(&d->chunks_dev, &d->chunks_dev_cap, (size_t)nchunks * sizeof(float *) / sizeof(float) + 1,
+                 "cache chunk pointers", b->err))
         return -1;
+    *cs = d->cs_dev;
+    *chunks = (float **)d->chunks_dev;
     if (need_cs > d->cs_cap) {
         float *c = realloc(d->cs, need_cs * sizeof(float));
         if (!c)
@@ -672,7 +683,9 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     cuda_dev *d = b->dev;
     int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
     size_t TK = (size_t)T * K;
-    float *logit = blk_alloc(b, (size_t)T * E), *tmp = blk_alloc(b, (size_t)T * 2 * E), *wt = blk_alloc(b, TK);
+    if (dev_grow(&d->route_dev, &d->route_dev_cap, (size_t)T * 2 * E, "the router's scratch", b->err))
+        return -1;
+    float *logit = blk_alloc(b, (size_t)T * E), *tmp = d->route_dev, *wt = blk_alloc(b, TK);
     int *sel = (int *)blk_alloc(b, TK), *order = (int *)blk_alloc(b, TK);
     float *slots = blk_alloc(b, TK * D), *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
     float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
@@ -774,16 +787,13 @@ static void cuda_copy(const blk *b, float *dst, const float *src, size_t n)
 
 static int cuda_head(const blk *b, const kmat *lm_head, const float *x, int T, float *host)
 {
-    size_t mark = arena_mark(b->ar), n = (size_t)T * lm_head->rows;
-    float *y = blk_alloc(b, n);
-    int rc = -1;
-    if (y) {
-        cu_matmul(b, lm_head, x, T, y);
-        cudaError_t e = cudaMemcpy(host, y, n * sizeof(float), cudaMemcpyDeviceToHost);
-        rc = e != cudaSuccess ? cu_err(b->err, "the pass", e) : cudak_sync(NULL, "--device cuda: the pass", b->err);
-    }
-    arena_rewind(b->ar, mark);
-    return rc;
+    cuda_dev *d = b->dev;
+    size_t n = (size_t)T * lm_head->rows;
+    if (dev_grow(&d->lg_dev, &d->lg_dev_cap, n, "the logits", b->err))
+        return -1;
+    cu_matmul(b, lm_head, x, T, d->lg_dev);
+    cudaError_t e = cudaMemcpy(host, d->lg_dev, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return e != cudaSuccess ? cu_err(b->err, "the pass", e) : cudak_sync(NULL, "--device cuda: the pass", b->err);
 }
 
 static void cuda_read(const blk *b, float *host, const float *buf, size_t n)
