@@ -5,8 +5,10 @@
  * A backend owns the memory its operations read and write: every float buffer the pass hands it
  * (the residual stream, the normed input, block outputs, the AttnRes stack) comes from the pass
  * arena, b->ar, which for a device backend is an arena over device memory; the layer states'
- * caches and recurrent state are the backend's too. Only three things cross to the host: the token
- * ids going in (embed), the logits coming out (head) and the taps a caller asked for (read).
+ * caches, recurrent state and commit log are the backend's too (mem_*). Through the seam only three
+ * things cross to the host: the token ids going in (embed), the logits coming out (head) and the
+ * taps a caller asked for (read); what a backend moves inside an operation is its own business
+ * (the CUDA one brings a MoE layer's choices back to group them, and takes the RoPE rows up).
  *
  * Exactness: every backend computes every value in kern.h's reduction orders and with kmath.h's
  * element-wise functions, so that a pass's logits are the same bits on every backend (a backend
@@ -14,7 +16,8 @@
  * (backend_cpu.c, the blk_* blocks over kern.h's tables) is the definition.
  *
  * Weights: each block takes its matrices from the layer_w it is given (the model's own, or a
- * weight store's streamed copy, b->xs); a device backend maps them onto its own copies.
+ * weight store's streamed copy, b->xs); a device backend maps them onto its own copies, and keeps
+ * the routed experts a store hands over in a cache of its own (backend_cfg.experts_streamed).
  */
 #ifndef DF_BACKEND_BACKEND_H
 #define DF_BACKEND_BACKEND_H

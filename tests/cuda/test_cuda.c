@@ -1,8 +1,12 @@
-/* test_cuda.c — the GPU's kernels (src/backend/cuda/cuda_kern.h) against the scalar reference,
- * bit for bit, through test_kernels.c's own checks: a kern_ops table whose entries copy their
- * host operands to the device, run the CUDA kernel and copy the results back. Built and run only
- * by `make test-cuda` (a machine with an NVIDIA GPU); the table is a test adapter, not a way to
- * run the engine, whose GPU path keeps its operands on the device. */
+/* test_cuda.c — the GPU against the CPU, bit for bit. Built and run only by `make test-cuda` (a
+ * machine with an NVIDIA GPU; every test skips without one).
+ *   - The kernels (src/backend/cuda/cuda_kern.h) against the scalar reference through
+ *     test_kernels.c's own checks: a kern_ops table whose entries copy their host operands to the
+ *     device, run the CUDA kernel and copy the results back (a test adapter: the engine's GPU path
+ *     keeps its operands on the device).
+ *   - Whole passes on --device cuda against --device cpu, memcmp of the logits: every family and
+ *     format of the oracle cases, chunkings, long contexts, passes kept in part, drafting, and
+ *     the VRAM tier over a weight store. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>

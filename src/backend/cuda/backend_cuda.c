@@ -3,16 +3,19 @@
  * What runs here so far: models whose attention is GQA or MLA, with dense gated MLPs or MoE
  * (routed, latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE,
  * DeepSeek-V3, Kimi K2 and K2.5), and KDA (Kimi-Linear, K3) with its commit log replayed on the
- * GPU, every weight format, all of it on the GPU but the RoPE table (computed on the host by blk_rope_table,
- * the CPU's own code, and copied up) and the grouping of a MoE layer's choices by expert (the
- * router runs on the GPU; its choices come back). A weight store's streaming is refused by the
- * engine (engine.c), and session files by session_file.c.
+ * GPU, every weight format, all of it on the GPU but the RoPE table (computed on the host by
+ * blk_rope_table, the CPU's own code, and copied up) and the grouping of a MoE layer's choices by
+ * expert (the router runs on the GPU; its choices come back). Session files are refused by
+ * session_file.c.
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
- * by looking its host address up there. The session's pass arena and attention caches are device
- * memory (mem_alloc). The host buffers here (the RoPE table) and the device buffer of attention
- * scores grow only when a pass needs more than any before, so a decode step allocates nothing.
+ * by looking its host address up there. With a weight store (every spine resident in RAM: engine.c
+ * refuses one that streams spines) the routed experts are left out and come through the store
+ * pass by pass into a least-recently-used cache of device slots (slot_get), sized by
+ * --vram-budget. The session's pass arena, caches, recurrent state and commit log are device
+ * memory (mem_alloc). The host buffers here and the device buffers beyond the arena grow only
+ * when a pass needs more than any before, so a decode step allocates nothing.
  *
  * Exactness: matmuls, norms, activations and attention are cuda_kern.h's and cuda_blk.h's, each
  * the CPU code's operations in its order; tests/cuda/test_cuda.c compares whole passes' logits with
