@@ -209,15 +209,15 @@ __global__ void __launch_bounds__(16 * RG * TGN)
 }
 
 /* Passes of T <= 8 tokens are bound by reading the weights once (decode, verify): k_gemv keeps as
- * many bytes in flight as it can. A block of GV_WARPS warps walks its rows in blocks of
- * gv_cols<FMT>() columns. Each warp owns GV_RW rows (each half-warp GV_RW / 2 of them, one lane
+ * many bytes in flight as it can. A block of gv_warps<FMT>() warps walks its rows in blocks of
+ * gv_cols<FMT>() columns. Each warp owns gv_rw<FMT>() rows (each half-warp half of them, one lane
  * of seq16 per thread): it loads the next column block's raw bytes with 16-byte loads into
  * registers (and the block's scales, decoded, beside them) while it reduces the current one from
- * shared memory, where each lane decodes its own columns exactly, in its lane order. The block's warps share
- * the activations of the column block, copied asynchronously into a second shared buffer one
- * block ahead. Rows must be 16-byte aligned and a whole number of column blocks long (K3's and
+ * shared memory, where each lane decodes its own columns exactly, in its lane order. The
+ * block's warps share the activations of the column block, copied asynchronously into a second
+ * shared buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's
+ * experts), each block working on one of them. Rows must be 16-byte aligned and a whole number of column blocks long (K3's and
  * the usual shapes are); other matrices take k_matmul, which gives the same bits. */
-enum { GV_RW = 8, GV_WARPS = 2 };
 
 template <int FMT> __host__ __device__ constexpr int gv_cols()
 {
@@ -262,26 +262,52 @@ template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int
     return 1.0f;
 }
 
+/* Rows per warp and warps per block, measured (bench/results/cuda.md): 8 rows and 2 warps where a
+ * row's column block is 512 bytes (the 16- and 32-bit formats), 8 rows and 4 warps where it is 256
+ * (the 4- and 8-bit ones, whose decoding wants more warps in flight). */
+template <int FMT> __host__ __device__ constexpr int gv_rw() { return 8; }
+template <int FMT> __host__ __device__ constexpr int gv_warps() { return gv_row_bytes<FMT>() == 512 ? 2 : 4; }
+
 template <int FMT> __host__ __device__ constexpr bool has_scale()
 {
     return FMT == WF_MXFP4 || FMT == WF_INT4G32 || FMT == WF_INT8G32 || FMT == WF_FP8B128;
 }
 
-template <int FMT, int TT>
-__global__ void __launch_bounds__(32 * GV_WARPS)
-    k_gemv(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y, size_t ldy)
+/* A launch's products (cudak_matmul_set): block b of the grid works on the entry whose blocks
+ * [nb0, next nb0) hold b; the entries' blocks in order. */
+template <int N> struct gv_set {
+    int n;
+    struct {
+        cudak_mm m;
+        int nb0; /* the entry's first block */
+    } e[N];
+};
+
+template <int FMT, int TT, int N>
+__global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> set)
 {
-    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), V = RB / 16, VS = V + 4, NV = GV_RW * V / 32,
-                  RT = GV_RW / 2, NT = 32 * GV_WARPS;
-    static_assert(GV_RW * V % 32 == 0, "a warp's loads cover its rows' block");
-    __shared__ uint4 raw[GV_WARPS][GV_RW * VS]; /* rows 64 bytes apart beyond their length: the two
-                                                   half-warps read different banks */
+    int ei = 0;
+    while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
+        ei++;
+    const kmat w = set.e[ei].m.w;
+    const float *__restrict__ x = set.e[ei].m.x;
+    float *__restrict__ y = set.e[ei].m.y;
+    const size_t ldx = set.e[ei].m.ldx, ldy = set.e[ei].m.ldy;
+    const int r0 = set.e[ei].m.r0, r1 = set.e[ei].m.r1, T = set.e[ei].m.T, bx = (int)blockIdx.x - set.e[ei].nb0;
+    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), RW = gv_rw<FMT>(), V = RB / 16, VS = V + 4,
+                  NV = RW * V / 32, RT = RW / 2, NW = gv_warps<FMT>(), NT = 32 * NW;
+    static_assert(RW * V % 32 == 0, "a warp's loads cover its rows' block");
+    /* the warp's rows, each 64 bytes beyond its length apart, and the second half-warp's a further
+     * 64 bytes on (row_at): the two half-warps, reading the same offsets of rows RT apart, read
+     * different banks */
+    __shared__ uint4 raw[NW][RW * VS + 4];
+    auto row_at = [&](int rr) { return rr * VS + (rr >= RT ? 4 : 0); };
     __shared__ float xs[2][TT * C];
     __shared__ float e2m1[16];
-    constexpr int NG = C / 32, NS = has_scale<FMT>() ? (GV_RW * NG + 31) / 32 : 1;
-    __shared__ float scs[GV_WARPS][GV_RW * NG]; /* the warp's rows' scales of the block, decoded */
+    constexpr int NG = C / 32, NS = has_scale<FMT>() ? (RW * NG + 31) / 32 : 1;
+    __shared__ float scs[NW][RW * NG]; /* the warp's rows' scales of the block, decoded */
     const int warp = threadIdx.x / 32, tl = threadIdx.x & 31, half = tl >> 4, lane = tl & 15;
-    const int rbase = r0 + (blockIdx.x * GV_WARPS + warp) * GV_RW, nblk = w.cols / C;
+    const int rbase = r0 + (bx * NW + warp) * RW, nblk = w.cols / C;
     if (threadIdx.x < 16)
         e2m1[threadIdx.x] = d_e2m1(threadIdx.x);
     /* a warp past r1 still takes part in the block's copies and barriers; its loads repeat the
@@ -298,7 +324,7 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
 #pragma unroll
             for (int v = 0; v < NS; v++) {
                 int e = tl + 32 * v, rr = e / NG, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
-                if (e < GV_RW * NG)
+                if (e < RW * NG)
                     sbuf[v] = d_scale32<FMT>(w, r, blk * C + 32 * (e % NG));
             }
     };
@@ -326,12 +352,12 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             int idx = tl + 32 * v;
-            raw[warp][(idx / V) * VS + idx % V] = buf[v];
+            raw[warp][row_at(idx / V) + idx % V] = buf[v];
         }
         if (has_scale<FMT>())
 #pragma unroll
             for (int v = 0; v < NS; v++)
-                if (tl + 32 * v < GV_RW * NG)
+                if (tl + 32 * v < RW * NG)
                     scs[warp][tl + 32 * v] = sbuf[v];
         if (b + 1 < nblk) {
             load_x(b + 1);
@@ -357,7 +383,7 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
                     xv[k] = xb[k * C + c];
 #pragma unroll
                 for (int j = 0; j < RT; j++) {
-                    float wv = d_code<FMT>((const uint8_t *)&raw[warp][(half * RT + j) * VS], c, e2m1);
+                    float wv = d_code<FMT>((const uint8_t *)&raw[warp][row_at(half * RT + j)], c, e2m1);
                     if (has_scale<FMT>())
                         wv = wv * sc[j];
 #pragma unroll
@@ -371,15 +397,43 @@ __global__ void __launch_bounds__(32 * GV_WARPS)
     tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
 }
 
-template <int FMT, int TT>
-static int launch_gemv(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
-                       cudaStream_t st)
+/* whether k_gemv takes w: rows 16-byte aligned and a whole number of column blocks long (K3's and
+ * the usual shapes are; other matrices take k_matmul, which gives the same bits) */
+template <int FMT> static bool gv_fits(const kmat *w)
 {
-    if (w->cols % gv_cols<FMT>() || w->row_bytes % 16 || (uintptr_t)w->data % 16)
-        return 0;
-    int per = GV_RW * GV_WARPS;
-    k_gemv<FMT, TT><<<(unsigned)((r1 - r0 + per - 1) / per), 32 * GV_WARPS, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
-    return 1;
+    return w->cols % gv_cols<FMT>() == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+}
+
+template <int FMT> static int gv_blocks(const cudak_mm *m)
+{
+    constexpr int per = gv_rw<FMT>() * gv_warps<FMT>();
+    return (m->r1 - m->r0 + per - 1) / per;
+}
+
+template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int n, cudaStream_t st)
+{
+    gv_set<N> set;
+    set.n = n;
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        set.e[i].m = m[i];
+        set.e[i].nb0 = nb;
+        nb += gv_blocks<FMT>(&m[i]);
+    }
+    k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
+}
+
+/* one launch of k_gemv for n <= CUDAK_SET products of T <= 8, its token tile the largest T's */
+template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
+{
+    if (T == 1)
+        launch_gemv<FMT, 1, N>(m, n, st);
+    else if (T == 2)
+        launch_gemv<FMT, 2, N>(m, n, st);
+    else if (T <= 4)
+        launch_gemv<FMT, 4, N>(m, n, st);
+    else
+        launch_gemv<FMT, 8, N>(m, n, st);
 }
 
 template <int FMT, int RT, int TT, int RG, int TGN>
@@ -393,19 +447,16 @@ static void launch_mm(const kmat *w, int r0, int r1, const float *x, size_t ldx,
 
 /* T <= 8 reads each weight once for every token (a memory-bound pass: decode or verify); longer
  * passes tile 4 rows x 8 tokens per thread. */
+/* T <= 8 reads each weight once for every token (a memory-bound pass: decode or verify); longer
+ * passes tile 4 rows x 8 tokens per thread. */
 template <int FMT>
 static void matmul_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                        cudaStream_t st)
 {
-    if (T == 1 && launch_gemv<FMT, 1>(w, r0, r1, x, ldx, T, y, ldy, st))
-        return;
-    if (T == 2 && launch_gemv<FMT, 2>(w, r0, r1, x, ldx, T, y, ldy, st))
-        return;
-    if (T > 2 && T <= 4 && launch_gemv<FMT, 4>(w, r0, r1, x, ldx, T, y, ldy, st))
-        return;
-    if (T > 4 && T <= 8 && launch_gemv<FMT, 8>(w, r0, r1, x, ldx, T, y, ldy, st))
-        return;
-    if (T == 1)
+    if (T <= 8 && gv_fits<FMT>(w)) {
+        cudak_mm m = {.w = *w, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .r0 = r0, .r1 = r1, .T = T};
+        gemv_tt<FMT, 1>(&m, 1, T, st);
+    } else if (T == 1)
         launch_mm<FMT, 1, 1, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
     else if (T == 2)
         launch_mm<FMT, 1, 2, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
@@ -446,6 +497,31 @@ extern "C" void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size
         return;
     cudaStream_t st = (cudaStream_t)stream;
     by_format(w->fmt, [&](auto fmt) { matmul_fmt<decltype(fmt)::value>(w, r0, r1, x, ldx, T, y, ldy, st); });
+}
+
+/* Runs of entries that k_gemv takes, of one format, up to CUDAK_SET of them, go in one launch;
+ * the others one by one. */
+extern "C" void cudak_matmul_set(const cudak_mm *m, int n, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    for (int i = 0; i < n;) {
+        int fmt = m[i].w.fmt, j = i, T = 0;
+        by_format(fmt, [&](auto f) {
+            constexpr int FMT = decltype(f)::value;
+            while (j < n && j - i < CUDAK_SET && m[j].w.fmt == fmt && m[j].T <= 8 && m[j].T > 0 &&
+                   m[j].r1 > m[j].r0 && gv_fits<FMT>(&m[j].w)) {
+                T = m[j].T > T ? m[j].T : T;
+                j++;
+            }
+            if (j > i)
+                gemv_tt<FMT, CUDAK_SET>(m + i, j - i, T, st);
+        });
+        if (j == i) { /* not one k_gemv takes: on its own */
+            cudak_matmul(&m[i].w, m[i].r0, m[i].r1, m[i].x, m[i].ldx, m[i].T, m[i].y, m[i].ldy, stream);
+            j = i + 1;
+        }
+        i = j;
+    }
 }
 
 template <int FMT> __global__ void k_decode_rows(kmat w, int r0, int r1, float *out)
@@ -548,6 +624,38 @@ extern "C" void cudak_glu(int act, float *gate, const float *up, int n, float bt
 {
     if (n > 0)
         k_glu<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(act, gate, up, n, bt, bl);
+}
+
+struct glu_set {
+    int n, off[CUDAK_SET], len[CUDAK_SET];
+};
+
+/* k_glu over span blockIdx.y of the set */
+__global__ void k_glu_set(int act, float *gate, const float *__restrict__ up, const glu_set set, float bt, float bl)
+{
+    int j = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= set.len[j])
+        return;
+    i += set.off[j];
+    gate[i] = act == KERN_GLU_SITU ? km_situ(gate[i], up[i], bt, bl) : km_swiglu(gate[i], up[i]);
+}
+
+extern "C" void cudak_glu_set(int act, float *gate, const float *up, const int *off, const int *len, int n, float bt,
+                              float bl, void *stream)
+{
+    for (int i = 0; i < n; i += CUDAK_SET) {
+        glu_set set;
+        set.n = n - i < CUDAK_SET ? n - i : CUDAK_SET;
+        int most = 0;
+        for (int j = 0; j < set.n; j++) {
+            set.off[j] = off[i + j];
+            set.len[j] = len[i + j];
+            most = len[i + j] > most ? len[i + j] : most;
+        }
+        if (most > 0)
+            k_glu_set<<<dim3((unsigned)((most + 255) / 256), (unsigned)set.n), 256, 0, (cudaStream_t)stream>>>(
+                act, gate, up, set, bt, bl);
+    }
 }
 
 __global__ void k_exp_sub(float *x, int n, float m)

@@ -25,6 +25,21 @@ extern "C" {
 /* y[t*ldy + (r - r0)] = seq16 dot(W[r, :], x[t*ldx + :]) for r in [r0, r1), t in [0, T). */
 void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                   void *stream);
+/* One product of a set: y[t*ldy + (r - r0)] = seq16 dot(W[r, :], x[t*ldx + :]), r in [r0, r1),
+ * t < T (w's data and scale device pointers). */
+typedef struct cudak_mm {
+    kmat w;
+    const float *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+    int r0, r1, T;
+} cudak_mm;
+enum { CUDAK_SET = 32 }; /* the products one launch of cudak_matmul_set takes at most */
+/* Each m[i] as cudak_matmul computes it (the same bits), the passes of T <= 8 of one format in
+ * launches of up to CUDAK_SET products (a MoE layer's experts: one launch fills the GPU where each
+ * alone would not). The products must not write what another reads. */
+void cudak_matmul_set(const cudak_mm *m, int n, void *stream);
 /* out[(r - r0) * cols + i] = W[r][i], the exact decode. */
 void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, void *stream);
 /* out[s] = seq64 dot(a, x + s * ldx, n) for s < rows. */
@@ -36,6 +51,10 @@ void cudak_kda_step(float *S, int d, const float *k, const float *v, const float
                     float *o, void *stream);
 /* gate[i] = km_swiglu or km_situ of gate[i], up[i] (act: KERN_GLU_*). */
 void cudak_glu(int act, float *gate, const float *up, int n, float bt, float bl, void *stream);
+/* cudak_glu over the n spans gate[off[j] .. off[j] + len[j]) (with up's same elements), in
+ * launches of up to CUDAK_SET spans. */
+void cudak_glu_set(int act, float *gate, const float *up, const int *off, const int *len, int n, float bt, float bl,
+                   void *stream);
 /* x[i] = km_expf(x[i] - m). */
 void cudak_exp_sub(float *x, int n, float m, void *stream);
 
