@@ -75,6 +75,10 @@ typedef struct weight_src {
     void (*prefetch)(void *ctx, int layer, const int *ids, int n);
     /* optional: a new pass begins (for per-pass statistics) */
     void (*pass_begin)(void *ctx, int tokens);
+    /* optional: the one host range every matrix next() hands over lies in, for as long as the
+     * source lives (a device backend registers it, so that its copies to the device run
+     * asynchronously from pinned memory) */
+    void (*memory)(void *ctx, void **base, size_t *bytes);
 } weight_src;
 
 typedef struct blk {

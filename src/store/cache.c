@@ -720,6 +720,13 @@ static int xs_next(void *ctx, int *id, mlp_w *mats, errbuf *err)
     return r;
 }
 
+static void xs_memory(void *ctx, void **base, size_t *bytes)
+{
+    store *s = ctx;
+    *base = s->mem;
+    *bytes = s->mem_bytes;
+}
+
 static void xs_release(void *ctx, int layer, int id)
 {
     store *s = ctx;
@@ -897,8 +904,15 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
             return -1;
         }
     }
-    s->xs = (weight_src){s,       xs_layer,   xs_layer_release, xs_begin, xs_next, xs_release,
-                         cfg->prefetch ? xs_prefetch : NULL, xs_pass_begin};
+    s->xs = (weight_src){.ctx = s,
+                         .layer = xs_layer,
+                         .layer_release = xs_layer_release,
+                         .begin = xs_begin,
+                         .next = xs_next,
+                         .release = xs_release,
+                         .prefetch = cfg->prefetch ? xs_prefetch : NULL,
+                         .pass_begin = xs_pass_begin,
+                         .memory = xs_memory};
     *out = s;
     return 0;
 }

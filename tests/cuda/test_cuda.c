@@ -159,6 +159,7 @@ static const kern_ops *cuda_ops(void)
 }
 
 TEST(kern_cuda_matches_scalar) { kern_test_matches_scalar(cuda_ops()); }
+
 TEST(kern_cuda_elementwise) { kern_test_elementwise(cuda_ops()); }
 
 /* ---- whole passes: the CUDA backend against the CPU's, memcmp ---- */
@@ -188,6 +189,104 @@ static engine *dev_engine(const model *m, const char *device, errbuf *err)
             return;                                                                                      \
         }                                                                                                \
     } while (0)
+
+/* a random matrix of fmt on the device: BF16 of magnitude 2^-7 .. 2^-6, 4-bit codes of every value
+ * with ordinary scales */
+static kmat rand_dmat(int fmt, int rows, int cols, uint32_t *seed)
+{
+    size_t db = wfmt_data_bytes(fmt, rows, cols), sb = wfmt_scale_bytes(fmt, rows, cols);
+    uint8_t *h = malloc(db + sb);
+    for (size_t i = 0; i < db + sb; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        h[i] = (uint8_t)(*seed >> 24);
+    }
+    if (fmt == WF_BF16)
+        for (size_t i = 0; i < db / 2; i++)
+            h[2 * i + 1] = (uint8_t)(0x3C + (h[2 * i + 1] & 1) + (h[2 * i + 1] & 0x80));
+    if (fmt == WF_MXFP4)
+        for (size_t i = db; i < db + sb; i++)
+            h[i] = (uint8_t)(118 + h[i] % 6);
+    if (fmt == WF_INT4G32)
+        for (size_t i = db; i + 1 < db + sb; i += 2)
+            h[i + 1] = (uint8_t)(0x3C + (h[i + 1] & 1));
+    kmat w;
+    kmat_init(&w, fmt, rows, cols, h, sb ? h + db : NULL);
+    kmat d = dmat(&w);
+    free(h);
+    return d;
+}
+
+/* cudak_matmul_set (a MoE layer's experts in one launch) gives each product's cudak_matmul bits
+ * (which kern_cuda_matches_scalar holds to the scalar table): 40 products of three formats, T of 1
+ * to 8 and 11, row ranges, strides, and shapes k_gemv does not take (cols not a whole column
+ * block), in runs longer than one launch takes; and cudak_glu_set gives cudak_glu's. */
+TEST(kern_cuda_matmul_set)
+{
+    NEED_GPU();
+    enum { N = 40 };
+    static const int fmts[] = {WF_BF16, WF_MXFP4, WF_INT4G32};
+    uint32_t seed = 7;
+    cudak_mm m[N];
+    float *ref[N], *got[N];
+    size_t ny[N];
+    for (int i = 0; i < N; i++) {
+        int fmt = fmts[i < 34 ? 0 : i % 3], rows = 64 + 16 * (i % 5) + (i % 3), cols = i % 7 == 6 ? 520 : 512 * (1 + i % 2);
+        int T = i == 20 ? 11 : 1 + i % 8, r0 = i % 4 == 1 ? 5 : 0;
+        kmat w = rand_dmat(fmt, rows, cols, &seed);
+        size_t ldx = (size_t)cols + (i % 2) * 4, ldy = (size_t)rows + 3;
+        float *hx = malloc(sizeof(float) * ldx * (size_t)T);
+        for (size_t j = 0; j < ldx * (size_t)T; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            hx[j] = (float)((int)(seed >> 9) - (1 << 22)) * 0x1p-22f;
+        }
+        ny[i] = sizeof(float) * ldy * (size_t)T;
+        m[i] = (cudak_mm){.w = w, .x = dput(hx, sizeof(float) * ldx * (size_t)T), .ldx = ldx, .ldy = ldy,
+                          .r0 = r0, .r1 = rows, .T = T};
+        free(hx);
+        ref[i] = malloc(ny[i]);
+        got[i] = malloc(ny[i]);
+        memset(ref[i], 0, ny[i]);
+        float *dy = dput(ref[i], ny[i]);
+        cudak_matmul(&m[i].w, m[i].r0, m[i].r1, m[i].x, ldx, T, dy, ldy, NULL);
+        dget(ref[i], dy, ny[i]);
+        memset(got[i], 0, ny[i]);
+        m[i].y = dput(got[i], ny[i]);
+    }
+    cudak_matmul_set(m, N, NULL);
+    int bad = -1;
+    for (int i = 0; i < N; i++) {
+        dget(got[i], m[i].y, ny[i]);
+        if (bad < 0 && memcmp(got[i], ref[i], ny[i]))
+            bad = i;
+        cudaFree((void *)m[i].x);
+        dmat_free(&m[i].w);
+        free(ref[i]);
+    }
+    CHECKF(bad < 0, "product %d of the set differs from its own cudak_matmul", bad);
+    /* GLU over spans of got[*] rows, against cudak_glu over the whole buffer's spans one by one */
+    enum { L = 4096 };
+    float hg[L], hu[L], want[L], have[L];
+    for (int j = 0; j < L; j++) {
+        hg[j] = got[j % N][j % 64] * 300.0f;
+        hu[j] = got[(j + 1) % N][j % 60];
+    }
+    int off[N], len[N];
+    for (int i = 0; i < N; i++) {
+        off[i] = i * 100;
+        len[i] = i % 5 == 4 ? 0 : 37 + i;
+    }
+    float *dg = dput(hg, sizeof hg), *du = dput(hu, sizeof hu);
+    for (int i = 0; i < N; i++)
+        cudak_glu(KERN_GLU_SWIGLU, dg + off[i], du + off[i], len[i], 0.0f, 0.0f, NULL);
+    dget(want, dg, sizeof want);
+    dg = dput(hg, sizeof hg);
+    cudak_glu_set(KERN_GLU_SWIGLU, dg, du, off, len, N, 0.0f, 0.0f, NULL);
+    dget(have, dg, sizeof have);
+    cudaFree(du);
+    for (int i = 0; i < N; i++)
+        free(got[i]);
+    CHECK(!memcmp(want, have, sizeof want));
+}
 
 /* an oracle case's model (test data) with an engine on each device */
 typedef struct pair {
@@ -267,6 +366,7 @@ TEST(cuda_backend_kimi_linear_h) { gpu_case("kimi_linear-h"); }
 TEST(cuda_backend_kimi_k3_a) { gpu_case("kimi_k3-a"); }
 TEST(cuda_backend_kimi_k3_b) { gpu_case("kimi_k3-b"); }
 TEST(cuda_backend_kimi_k3_h) { gpu_case("kimi_k3-h"); }
+TEST(cuda_backend_default_k3) { gpu_case("default-k3"); } /* the bundled, trained model */
 
 /* 300 positions: the cache's second chunk, a session grown past its first 256 rows */
 TEST(cuda_backend_long_context)
@@ -351,7 +451,7 @@ TEST(cuda_backend_commit_qwen3) { commit_case("qwen3-a"); }
  * slots, far below the model's experts), refilled least recently used first. The logits are the
  * resident CPU's, to the bit, in passes of 1 and 5; the cache missed more often than it has slots
  * (so slots were refilled). */
-static void vram_case(const char *name)
+static void vram_case(const char *name, int prefetch)
 {
     NEED_GPU();
     errbuf err;
@@ -367,6 +467,7 @@ static void vram_case(const char *name)
     io_cfg_default(&c.io);
     c.ram_budget = spine + (uint64_t)(2 * m.hp.top_k + 4) * (X + 4096); /* every spine stays resident */
     c.verify = 1;
+    c.prefetch = prefetch; /* the GPU's router lookahead (cuda_guess) then starts reads */
     store *st = NULL;
     int opened = store_open(&st, &m, &bt, NULL, &c, &err) == 0;
     engine *cpu = opened ? dev_engine(&m, "cpu", &err) : NULL, *gpu = NULL;
@@ -387,15 +488,21 @@ static void vram_case(const char *name)
     float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
     float *g1 = want ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
     float *g5 = g1 ? tu_eval_engine(gpu, ids, N, 5, &err) : NULL;
-    int same = g5 && !memcmp(g1, want, sizeof(float) * N * V) && !memcmp(g5, want, sizeof(float) * N * V);
+    float *gn = g5 ? tu_eval_engine(gpu, ids, N, N, &err) : NULL; /* experts of more than 8 positions */
+    int same = gn && !memcmp(g1, want, sizeof(float) * N * V) && !memcmp(g5, want, sizeof(float) * N * V) &&
+               !memcmp(gn, want, sizeof(float) * N * V);
     uint64_t hits = 0, misses = 0;
-    int slots = 0;
-    if (gpu)
-        backend_cuda_stats(gpu->be_dev, &hits, &misses, &slots);
+    int slots = 0, pinned = 0;
+    store_stats ss = {0};
+    if (gpu) {
+        backend_cuda_stats(gpu->be_dev, &hits, &misses, &slots, &pinned);
+        store_stats_get(st, &ss);
+    }
     int all = m.hp.n_layers * m.hp.n_experts;
     free(want);
     free(g1);
     free(g5);
+    free(gn);
     engine_free(gpu);
     engine_free(cpu);
     store_free(st);
@@ -405,11 +512,14 @@ static void vram_case(const char *name)
     CHECKF(slots > 0 && slots < all && misses > (uint64_t)slots, /* evicted and refilled */
            "%s: %d VRAM slots of %d experts, %llu hits, %llu misses", name, slots, all, (unsigned long long)hits,
            (unsigned long long)misses);
+    CHECKF(pinned, "%s: the store's slot memory was not registered with the GPU", name);
+    CHECKF(!prefetch || ss.prefetch_reads > 0, "%s: the router lookahead started no reads", name);
 }
 
-TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a"); }
-TEST(cuda_backend_vram_tier_qwen3_moe) { vram_case("qwen3_moe-a"); }
-TEST(cuda_backend_vram_tier_kimi_k2_int4) { vram_case("kimi_k2-int4"); }
+TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a", 0); }
+TEST(cuda_backend_vram_tier_lookahead_kimi_k3) { vram_case("kimi_k3-a", 1); }
+TEST(cuda_backend_vram_tier_qwen3_moe) { vram_case("qwen3_moe-a", 0); }
+TEST(cuda_backend_vram_tier_kimi_k2_int4) { vram_case("kimi_k2-int4", 0); }
 
 /* ---- drafting on the GPU ---- */
 

@@ -5,15 +5,16 @@
  * DeepSeek-V3, Kimi K2 and K2.5), and KDA (Kimi-Linear, K3) with its commit log replayed on the
  * GPU, every weight format, all of it on the GPU but the RoPE table (computed on the host by
  * blk_rope_table, the CPU's own code, and copied up) and the grouping of a MoE layer's choices by
- * expert (the router runs on the GPU; its choices come back). Session files are refused by
- * session_file.c.
+ * expert (the router runs on the GPU; its choices come back, and a layer's experts then go in a
+ * few grouped launches). Session files are refused by session_file.c.
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
  * by looking its host address up there. With a weight store (every spine resident in RAM: engine.c
- * refuses one that streams spines) the routed experts are left out and come through the store
- * pass by pass into a least-recently-used cache of device slots (slot_get), sized by
- * --vram-budget. The session's pass arena, caches, recurrent state and commit log are device
+ * refuses one that streams spines) the routed experts are left out: those a layer needs that are
+ * not in a least-recently-used cache of device slots (sized by --vram-budget) come through the
+ * store, copied on a stream of their own from its registered slot memory while the GPU computes
+ * (moe_streamed), and the router lookahead (cuda_guess) starts the store's reads a layer ahead. The session's pass arena, caches, recurrent state and commit log are device
  * memory (mem_alloc). The host buffers here and the device buffers beyond the arena grow only
  * when a pass needs more than any before, so a decode step allocates nothing.
  *
@@ -62,11 +63,24 @@ typedef struct cuda_dev {
         int key;        /* layer * n_experts + expert, -1: empty */
         uint64_t used;  /* the tick of its last use (least recently used goes first) */
         mlp_w mats;     /* its matrices, device pointers */
+        cudaEvent_t filled; /* on cp: its latest fill has landed (the pass stream waits for it) */
+        cudaEvent_t done;   /* on the pass stream: the kernels that read it have run (a refill waits) */
+        int queued;     /* 1: read by the MoE layer's group not yet launched (ex_flush) */
     } *xs;
     int *slot_of;
     uint64_t tick, hits, misses;
-    int *sel;     /* host: [4 * moe_cap + n_experts + 1] a MoE layer's choices, then its order, starts
-                     and union (moe_route.h's moe_group) */
+    cudaStream_t cp;  /* the fills' stream (non-blocking: it runs beside the pass's) */
+    void *reg;        /* the weight source's host range, registered (pinned) for asynchronous fills */
+    const void *reg_ctx; /* the source it belongs to */
+    /* the experts next() handed over whose fills are still in flight: (id, slot), given back to
+     * the source once the fill has landed */
+    int *pend_id, *pend_slot, npend;
+    float *moe_dev;   /* device: [moe_dev_cap] a MoE layer's gathered inputs, gate, up and outputs */
+    size_t moe_dev_cap;
+    int *guess;       /* host: [guess_cap] the router lookahead's choices */
+    size_t guess_cap;
+    int *sel;     /* host: [2 * moe_cap + 3 * n_experts + 1] a MoE layer's choices, its order, its union
+                     (moe_route.h's moe_group), the union's VRAM misses and its starts */
     size_t moe_cap;
 } cuda_dev;
 
@@ -186,6 +200,20 @@ static void cuda_close(void *p)
     cudaFree(d->route_dev);
     cudaFree(d->lg_dev);
     cudaFree(d->slots);
+    cudaFree(d->moe_dev);
+    for (int k = 0; d->xs && k < d->nslot; k++) {
+        if (d->xs[k].filled)
+            cudaEventDestroy(d->xs[k].filled);
+        if (d->xs[k].done)
+            cudaEventDestroy(d->xs[k].done);
+    }
+    if (d->cp)
+        cudaStreamDestroy(d->cp);
+    if (d->reg)
+        cudaHostUnregister(d->reg);
+    free(d->guess);
+    free(d->pend_id);
+    free(d->pend_slot);
     free(d->xs);
     free(d->slot_of);
     free(d->sel);
@@ -275,62 +303,67 @@ static int slots_init(cuda_dev *d, const model *m, uint64_t budget, errbuf *err)
         d->slot_of[k] = -1;
     for (int k = 0; k < d->nslot; k++)
         d->xs[k].key = -1;
+    d->pend_id = malloc(sizeof(int) * (size_t)hp->n_experts);
+    d->pend_slot = malloc(sizeof(int) * (size_t)hp->n_experts);
+    if (!d->pend_id || !d->pend_slot)
+        return errbuf_set(err, "--device cuda: out of memory");
     if ((e = cudaMalloc((void **)&d->slots, (size_t)n * d->slot_bytes)) != cudaSuccess)
         return cu_err(err, "the expert cache", e);
+    if ((e = cudaStreamCreateWithFlags(&d->cp, cudaStreamNonBlocking)) != cudaSuccess)
+        return cu_err(err, "the expert copies' stream", e);
+    for (int k = 0; k < d->nslot; k++)
+        if ((e = cudaEventCreateWithFlags(&d->xs[k].filled, cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&d->xs[k].done, cudaEventDisableTiming)) != cudaSuccess)
+            return cu_err(err, "the expert cache's events", e);
     return 0;
 }
 
-/* copies host matrix w into the device at *at, advancing it; the device view */
-static kmat mat_put(const kmat *w, uint8_t **at)
+/* copies host matrix w to the device at *at on stream st, advancing *at; the device view */
+static kmat mat_put_async(const kmat *w, uint8_t **at, cudaStream_t st)
 {
     kmat m = *w;
     size_t db = wfmt_data_bytes(w->fmt, w->rows, w->cols), sb = wfmt_scale_bytes(w->fmt, w->rows, w->cols);
-    cudaMemcpy(*at, w->data, db, cudaMemcpyHostToDevice);
+    cudaMemcpyAsync(*at, w->data, db, cudaMemcpyHostToDevice, st);
     m.data = *at;
     *at += (db + 255) & ~(size_t)255;
     if (sb) {
-        cudaMemcpy(*at, w->scale, sb, cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(*at, w->scale, sb, cudaMemcpyHostToDevice, st);
         m.scale = *at;
         *at += (sb + 255) & ~(size_t)255;
     }
     return m;
 }
 
-/* Expert (layer, e) on the device: its slot, or the least recently used slot refilled from the
- * host matrices the weight source handed over (the copies are queued on the one stream, after every
- * kernel that read the slot's previous expert, so a slot is never overwritten while in use). */
-static const mlp_w *slot_get(cuda_dev *d, int layer, int e, const mlp_w *host)
+/* the VRAM slot holding expert (layer, e), or -1; a hit counts as a use */
+static int slot_find(cuda_dev *d, int layer, int e)
 {
-    int key = layer * d->n_experts + e, k = d->slot_of[key];
-    d->tick++;
+    int k = d->slot_of[layer * d->n_experts + e];
     if (k >= 0) {
         d->hits++;
-        d->xs[k].used = d->tick;
-        return &d->xs[k].mats;
+        d->xs[k].used = ++d->tick;
     }
-    d->misses++;
-    k = 0;
-    for (int j = 1; j < d->nslot; j++)
-        if (d->xs[j].used < d->xs[k].used)
-            k = j;
-    if (d->xs[k].key >= 0)
-        d->slot_of[d->xs[k].key] = -1;
-    uint8_t *at = d->slots + (size_t)k * d->slot_bytes;
-    d->xs[k].mats.gate = mat_put(&host->gate, &at);
-    d->xs[k].mats.up = mat_put(&host->up, &at);
-    d->xs[k].mats.down = mat_put(&host->down, &at);
-    d->xs[k].key = key;
-    d->xs[k].used = d->tick;
-    d->slot_of[key] = k;
-    return &d->xs[k].mats;
+    return k;
 }
 
-void backend_cuda_stats(const void *dev, uint64_t *hits, uint64_t *misses, int *slots)
+/* Gives back to the source the first n experts whose fills are in flight, once they have landed
+ * (their host bytes may then be reused). */
+static void pend_release(cuda_dev *d, const blk *b, int layer, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cudaEventSynchronize(d->xs[d->pend_slot[i]].filled);
+        b->xs->release(b->xs->ctx, layer, d->pend_id[i]);
+    }
+    memmove(d->pend_id, d->pend_id + n, sizeof(int) * (size_t)(d->npend - n));
+    memmove(d->pend_slot, d->pend_slot + n, sizeof(int) * (size_t)(d->npend - n));
+    d->npend -= n;
+}
+void backend_cuda_stats(const void *dev, uint64_t *hits, uint64_t *misses, int *slots, int *pinned)
 {
     const cuda_dev *d = dev;
     *hits = d->hits;
     *misses = d->misses;
     *slots = d->nslot;
+    *pinned = d->reg != NULL;
 }
 
 static void *cuda_open(const model *m, const backend_cfg *cfg, errbuf *err)
@@ -677,78 +710,253 @@ static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int
     return 0;
 }
 
+/* A MoE layer's experts on the device. Those of at most 8 positions (decode, verify) go in groups
+ * of up to EX_GROUP: the gates and ups of a group in one cudak_matmul_set, its GLUs in one launch,
+ * its downs in another, so that one launch fills the GPU where one expert would not; an expert of
+ * more positions (prefill) runs alone, its matmuls already wide. Each expert reads its positions'
+ * rows of the layer's buffers (grouped by expert: order, start) and writes its own rows, so the
+ * grouping changes no value.
+ *
+ * Streamed experts: a VRAM hit joins the group at once; the misses are asked of the weight source
+ * (begin/next), and each is copied on the copy stream `cp` into the least recently used slot as it
+ * is handed over, from the source's registered host memory, while the GPU computes and the source
+ * reads the next. Events order it: a fill waits for the kernels that read the slot's previous
+ * expert (xs.done), a group's launch waits for its slots' fills (xs.filled), and the source gets an
+ * expert's host bytes back once its fill has landed (pend_release). A slot still queued in the
+ * unlaunched group is never refilled: the group is launched first. */
+enum { EX_GROUP = CUDAK_SET / 2 };
+
+typedef struct moe_run {
+    const blk *b;
+    cuda_dev *d;
+    int I, D;
+    const int *start;      /* host: expert e's positions are order[start[e] .. start[e + 1]) */
+    float *gx, *g, *u, *gy; /* device: [TK][D], [TK][I], [TK][I], [TK][D], rows in that order */
+    int n;                 /* the group not yet launched: */
+    int ex[EX_GROUP], slot[EX_GROUP]; /* expert ids, their VRAM slots (-1: resident) */
+    mlp_w m[EX_GROUP];     /* their matrices, device views */
+} moe_run;
+
+static void moe_glu(const moe_run *r, const int *off, const int *len, int n)
+{
+    const hparams *hp = r->b->hp;
+    cudak_glu_set(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, r->g, r->u, off, len, n, hp->situ_beta,
+                  hp->situ_linear_beta, NULL);
+}
+
+/* launches the group: gate and up, GLU, down, each one launch */
+static void moe_flush(moe_run *r)
+{
+    if (r->n == 0)
+        return;
+    cudak_mm mm[2 * EX_GROUP];
+    int off[EX_GROUP], len[EX_GROUP];
+    for (int i = 0; i < r->n; i++) {
+        int s0 = r->start[r->ex[i]], n = r->start[r->ex[i] + 1] - s0;
+        if (r->slot[i] >= 0)
+            cudaStreamWaitEvent(NULL, r->d->xs[r->slot[i]].filled, 0);
+        mm[2 * i] = (cudak_mm){.w = r->m[i].gate, .x = r->gx + (size_t)s0 * r->D, .ldx = (size_t)r->D,
+                               .y = r->g + (size_t)s0 * r->I, .ldy = (size_t)r->I, .r1 = r->m[i].gate.rows, .T = n};
+        mm[2 * i + 1] = mm[2 * i];
+        mm[2 * i + 1].w = r->m[i].up;
+        mm[2 * i + 1].y = r->u + (size_t)s0 * r->I;
+        mm[2 * i + 1].r1 = r->m[i].up.rows;
+        off[i] = s0 * r->I;
+        len[i] = n * r->I;
+    }
+    cudak_matmul_set(mm, 2 * r->n, NULL);
+    moe_glu(r, off, len, r->n);
+    for (int i = 0; i < r->n; i++) {
+        int s0 = r->start[r->ex[i]];
+        mm[i] = (cudak_mm){.w = r->m[i].down, .x = r->g + (size_t)s0 * r->I, .ldx = (size_t)r->I,
+                           .y = r->gy + (size_t)s0 * r->D, .ldy = (size_t)r->D, .r1 = r->m[i].down.rows,
+                           .T = mm[2 * i].T};
+    }
+    cudak_matmul_set(mm, r->n, NULL);
+    for (int i = 0; i < r->n; i++)
+        if (r->slot[i] >= 0) {
+            cudaEventRecord(r->d->xs[r->slot[i]].done, NULL);
+            r->d->xs[r->slot[i]].queued = 0;
+        }
+    r->n = 0;
+}
+
+/* expert ex (its device matrices m, in VRAM slot `slot` or resident: -1) over its positions */
+static void moe_add(moe_run *r, int ex, int slot, const mlp_w *m)
+{
+    int s0 = r->start[ex], n = r->start[ex + 1] - s0;
+    if (n > 8) { /* alone, now */
+        cudak_mm mm[2] = {{.w = m->gate, .x = r->gx + (size_t)s0 * r->D, .ldx = (size_t)r->D,
+                           .y = r->g + (size_t)s0 * r->I, .ldy = (size_t)r->I, .r1 = m->gate.rows, .T = n},
+                          {.w = m->up, .x = r->gx + (size_t)s0 * r->D, .ldx = (size_t)r->D,
+                           .y = r->u + (size_t)s0 * r->I, .ldy = (size_t)r->I, .r1 = m->up.rows, .T = n}};
+        int off = s0 * r->I, len = n * r->I;
+        if (slot >= 0)
+            cudaStreamWaitEvent(NULL, r->d->xs[slot].filled, 0);
+        cudak_matmul_set(mm, 2, NULL);
+        moe_glu(r, &off, &len, 1);
+        mm[0] = (cudak_mm){.w = m->down, .x = r->g + (size_t)s0 * r->I, .ldx = (size_t)r->I,
+                           .y = r->gy + (size_t)s0 * r->D, .ldy = (size_t)r->D, .r1 = m->down.rows, .T = n};
+        cudak_matmul_set(mm, 1, NULL);
+        if (slot >= 0)
+            cudaEventRecord(r->d->xs[slot].done, NULL);
+        return;
+    }
+    r->ex[r->n] = ex;
+    r->slot[r->n] = slot;
+    r->m[r->n] = *m;
+    if (slot >= 0)
+        r->d->xs[slot].queued = 1;
+    if (++r->n == EX_GROUP)
+        moe_flush(r);
+}
+
+/* Copies expert (layer, e), which the source handed over in host memory, into the least recently
+ * used VRAM slot, on the copy stream; the slot. */
+static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
+{
+    cuda_dev *d = r->d;
+    int k = 0;
+    for (int j = 1; j < d->nslot; j++)
+        if (d->xs[j].used < d->xs[k].used)
+            k = j;
+    if (d->xs[k].queued)
+        moe_flush(r);
+    for (int i = 0; i < d->npend; i++)
+        if (d->pend_slot[i] == k) { /* its previous fill's host bytes go back first */
+            pend_release(d, r->b, layer, i + 1);
+            break;
+        }
+    if (d->xs[k].key >= 0)
+        d->slot_of[d->xs[k].key] = -1;
+    cudaStreamWaitEvent(d->cp, d->xs[k].done, 0);
+    uint8_t *at = d->slots + (size_t)k * d->slot_bytes;
+    d->xs[k].mats.gate = mat_put_async(&host->gate, &at, d->cp);
+    d->xs[k].mats.up = mat_put_async(&host->up, &at, d->cp);
+    d->xs[k].mats.down = mat_put_async(&host->down, &at, d->cp);
+    cudaEventRecord(d->xs[k].filled, d->cp);
+    d->xs[k].key = layer * d->n_experts + e;
+    d->xs[k].used = ++d->tick;
+    d->slot_of[d->xs[k].key] = k;
+    d->misses++;
+    return k;
+}
+
+/* Registers the weight source's host memory once (pinned: the fills then run asynchronously). A
+ * source without it, or a registration refused, leaves the copies staged by the driver: slower,
+ * the same bytes. */
+static void source_register(cuda_dev *d, const weight_src *xs)
+{
+    if (d->reg_ctx == xs->ctx)
+        return;
+    if (d->reg)
+        cudaHostUnregister(d->reg);
+    d->reg = NULL;
+    d->reg_ctx = xs->ctx;
+    void *base = NULL;
+    size_t bytes = 0;
+    if (xs->memory)
+        xs->memory(xs->ctx, &base, &bytes);
+    if (base && bytes && cudaHostRegister(base, bytes, cudaHostRegisterDefault) == cudaSuccess)
+        d->reg = base;
+    else
+        cudaGetLastError(); /* not an error of the pass */
+}
+
+/* The experts of streamed layer `layer`: the VRAM hits at once, the misses as the source hands
+ * them over. */
+static int moe_streamed(moe_run *r, int layer, const int *uni, int nu, int *miss)
+{
+    const blk *b = r->b;
+    cuda_dev *d = r->d;
+    source_register(d, b->xs);
+    int nmiss = 0;
+    for (int k = 0; k < nu; k++) {
+        int slot = slot_find(d, layer, uni[k]);
+        if (slot >= 0)
+            moe_add(r, uni[k], slot, &d->xs[slot].mats);
+        else
+            miss[nmiss++] = uni[k];
+    }
+    if (nmiss > 0 && b->xs->begin(b->xs->ctx, layer, miss, nmiss, b->err) != 0)
+        return -1;
+    for (int k = 0; k < nmiss; k++) {
+        int ex;
+        mlp_w host;
+        int got = b->xs->next(b->xs->ctx, &ex, &host, b->err);
+        if (got <= 0) {
+            pend_release(d, b, layer, d->npend);
+            return got < 0 ? -1 : errbuf_set(b->err, "layer %d: the weight source handed over %d of %d experts",
+                                             layer, k, nmiss);
+        }
+        int slot = slot_fill(r, layer, ex, &host);
+        d->pend_id[d->npend] = ex;
+        d->pend_slot[d->npend++] = slot;
+        moe_add(r, ex, slot, &d->xs[slot].mats);
+        if (d->npend > 2) /* the oldest fill has long landed: its source slot may go */
+            pend_release(d, b, layer, 1);
+    }
+    moe_flush(r);
+    pend_release(d, b, layer, d->npend);
+    return 0;
+}
+
 /* blk_moe's steps, in its order. The router runs on the GPU; its choices come back to the host,
- * which groups them by expert (moe_route.h, as the CPU does) and queues each chosen expert once
- * over the positions that chose it. */
+ * which groups them by expert (moe_route.h, as the CPU does); each chosen expert runs once over
+ * the positions that chose it. */
 static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
     cuda_dev *d = b->dev;
     int E = hp->n_experts, K = hp->top_k, H = hp->hidden, D = hp->latent ? hp->latent : H, I = hp->moe_inter;
     size_t TK = (size_t)T * K;
-    if (dev_grow(&d->route_dev, &d->route_dev_cap, (size_t)T * 2 * E, "the router's scratch", b->err))
+    if (dev_grow(&d->route_dev, &d->route_dev_cap, (size_t)T * 2 * E, "the router's scratch", b->err) ||
+        dev_grow(&d->moe_dev, &d->moe_dev_cap, TK * (2 * (size_t)D + 2 * (size_t)I), "the experts' buffers", b->err))
         return -1;
     float *logit = blk_alloc(b, (size_t)T * E), *tmp = d->route_dev, *wt = blk_alloc(b, TK);
     int *sel = (int *)blk_alloc(b, TK), *order = (int *)blk_alloc(b, TK);
     float *slots = blk_alloc(b, TK * D), *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
-    float *gx = blk_alloc(b, (size_t)T * D), *gy = blk_alloc(b, (size_t)T * D);
-    float *g = blk_alloc(b, (size_t)T * I), *u = blk_alloc(b, (size_t)T * I), *r = blk_alloc(b, (size_t)T * D);
+    float *r = blk_alloc(b, (size_t)T * D);
     float *sh = hp->n_shared > 0 ? blk_alloc(b, (size_t)T * H) : NULL;
-    if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !gx || !gy || !g || !u || !r ||
-        (hp->n_shared > 0 && !sh))
+    if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !r || (hp->n_shared > 0 && !sh))
         return -1;
     if (TK > d->moe_cap) { /* the longest pass so far, not every step */
-        int *h = realloc(d->sel, sizeof(int) * (2 * TK + 2 * (size_t)E + 1));
+        int *h = realloc(d->sel, sizeof(int) * (2 * TK + 3 * (size_t)E + 1));
         if (!h)
             return errbuf_set(b->err, "--device cuda: out of memory for the routing of %d positions", T);
         d->sel = h;
         d->moe_cap = TK;
     }
-    int *h_sel = d->sel, *h_order = h_sel + TK, *h_uni = h_order + TK, *h_start = h_uni + E;
+    int *h_sel = d->sel, *h_order = h_sel + TK, *h_uni = h_order + TK, *h_miss = h_uni + E, *h_start = h_miss + E;
     cu_matmul(b, &w->router, x, T, logit);
     cudab_route(hp, dev_vec(b, w->bias), logit, T, tmp, sel, wt, NULL);
     cudaError_t e = cudaMemcpy(h_sel, sel, TK * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess)
         return cu_err(b->err, "the router's choices", e);
     int nu = moe_group(h_sel, (int)TK, E, h_start, h_order, h_uni);
-    if (b->xs && b->xs->begin(b->xs->ctx, layer, h_uni, nu, b->err) != 0)
-        return -1;
     if ((e = cudaMemcpy(order, h_order, TK * sizeof(int), cudaMemcpyHostToDevice)) != cudaSuccess)
         return cu_err(b->err, "the experts' positions", e);
     if (hp->latent)
         cu_matmul(b, &w->lat_down, x, T, xe);
-    const float *xin = hp->latent ? xe : x;
     if (sh && cuda_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
         return -1;
-    for (int k = 0; k < nu; k++) {
-        int ex = h_uni[k];
-        mlp_w dm;
-        const mlp_w *m;
-        if (b->xs) { /* in the order the store hands them over; each kept in the VRAM cache */
-            mlp_w host;
-            int got = b->xs->next(b->xs->ctx, &ex, &host, b->err);
-            if (got < 0)
-                return -1;
-            if (got == 0)
-                return errbuf_set(b->err, "layer %d: the weight source handed over %d of %d experts", layer, k, nu);
-            m = slot_get(d, layer, ex, &host);
-            b->xs->release(b->xs->ctx, layer, ex); /* the copies are staged: the host slot may go */
-        } else {
-            dm.gate = dev_mat(d, &w->experts[ex].gate);
-            dm.up = dev_mat(d, &w->experts[ex].up);
-            dm.down = dev_mat(d, &w->experts[ex].down);
-            m = &dm;
+    moe_run run = {.b = b, .d = d, .I = I, .D = D, .start = h_start, .gx = d->moe_dev};
+    run.g = run.gx + TK * D;
+    run.u = run.g + TK * I;
+    run.gy = run.u + TK * I;
+    cudab_gather(hp->latent ? xe : x, order, (int)TK, K, D, run.gx, NULL);
+    if (b->xs) {
+        if (moe_streamed(&run, layer, h_uni, nu, h_miss) != 0)
+            return -1;
+    } else {
+        for (int k = 0; k < nu; k++) {
+            const mlp_w *hm = &w->experts[h_uni[k]];
+            mlp_w dm = {.gate = dev_mat(d, &hm->gate), .up = dev_mat(d, &hm->up), .down = dev_mat(d, &hm->down)};
+            moe_add(&run, h_uni[k], -1, &dm);
         }
-        int n = h_start[ex + 1] - h_start[ex];
-        const int *chose = order + h_start[ex];
-        cudab_gather(xin, chose, n, K, D, gx, NULL);
-        cudak_matmul(&m->gate, 0, m->gate.rows, gx, (size_t)m->gate.cols, n, g, (size_t)m->gate.rows, NULL);
-        cudak_matmul(&m->up, 0, m->up.rows, gx, (size_t)m->up.cols, n, u, (size_t)m->up.rows, NULL);
-        cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, n * I, hp->situ_beta,
-                  hp->situ_linear_beta, NULL);
-        cudak_matmul(&m->down, 0, m->down.rows, g, (size_t)m->down.cols, n, gy, (size_t)m->down.rows, NULL);
-        cudab_scatter(gy, chose, n, D, slots, NULL);
+        moe_flush(&run);
     }
+    cudab_scatter(run.gy, order, (int)TK, D, slots, NULL);
     cudab_moe_sum(slots, wt, T, K, D, r, NULL);
     if (hp->latent) {
         cudab_rmsnorm(r, dev_vec(b, w->lat_norm), T, D, (size_t)D, hp->rms_eps, r, NULL);
@@ -759,6 +967,44 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     if (sh)
         cudab_add(out, sh, (size_t)T * H, NULL);
     return 0;
+}
+
+/* Router lookahead (blk_moe_guess on the GPU): layer i's router over the stand-in x, its choices
+ * brought back, and the reads started of those not already in VRAM. A hint only: errors are
+ * dropped, nothing is decided. */
+static void cuda_guess(const blk *b, int i, const layer_w *L, const float *x, int T)
+{
+    const hparams *hp = b->hp;
+    cuda_dev *d = b->dev;
+    if (!b->xs || !b->xs->prefetch || i >= hp->n_layers || hp->ffn_kind[i] != FFN_MOE || !d->slot_of)
+        return;
+    int E = hp->n_experts, K = hp->top_k;
+    size_t TK = (size_t)T * K, mark = arena_mark(b->ar);
+    float *logit = blk_alloc(b, (size_t)T * E), *wt = blk_alloc(b, TK);
+    int *sel = (int *)blk_alloc(b, TK);
+    errbuf ignored;
+    if (logit && wt && sel && !dev_grow(&d->route_dev, &d->route_dev_cap, (size_t)T * 2 * E, "", &ignored)) {
+        if (TK > d->guess_cap) {
+            int *h = realloc(d->guess, sizeof(int) * TK);
+            if (h) {
+                d->guess = h;
+                d->guess_cap = TK;
+            }
+        }
+        cu_matmul(b, &L->moe.router, x, T, logit);
+        cudab_route(hp, dev_vec(b, L->moe.bias), logit, T, d->route_dev, sel, wt, NULL);
+        if (TK <= d->guess_cap && cudaMemcpy(d->guess, sel, TK * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
+            for (int t = 0; t < T; t++) {
+                int *ids = d->guess + (size_t)t * K, n = 0;
+                for (int j = 0; j < K; j++)
+                    if (d->slot_of[i * E + ids[j]] < 0)
+                        ids[n++] = ids[j];
+                if (n)
+                    b->xs->prefetch(b->xs->ctx, i, ids, n);
+            }
+    }
+    cudaGetLastError();
+    arena_rewind(b->ar, mark);
 }
 
 static int cuda_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
@@ -823,4 +1069,5 @@ const backend_ops backend_cuda = {
     .head = cuda_head,
     .read = cuda_read,
     .replay = cuda_replay,
+    .guess = cuda_guess,
 };

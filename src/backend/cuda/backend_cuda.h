@@ -6,7 +6,8 @@
 #include <stdint.h>
 
 /* dev: an engine's backend state (be_dev) on --device cuda. Streamed experts found in the VRAM
- * cache, copied into it, and its slots (0 when every expert was copied at open). */
-void backend_cuda_stats(const void *dev, uint64_t *hits, uint64_t *misses, int *slots);
+ * cache, copied into it, its slots (0 when every expert was copied at open), and whether the
+ * weight source's host memory is registered (1: the copies run asynchronously from pinned memory). */
+void backend_cuda_stats(const void *dev, uint64_t *hits, uint64_t *misses, int *slots, int *pinned);
 
 #endif
