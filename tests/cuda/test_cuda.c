@@ -230,7 +230,8 @@ TEST(kern_cuda_matmul_set)
     float *ref[N], *got[N];
     size_t ny[N];
     for (int i = 0; i < N; i++) {
-        int fmt = fmts[i < 34 ? 0 : i % 3], rows = 64 + 16 * (i % 5) + (i % 3), cols = i % 7 == 6 ? 520 : 512 * (1 + i % 2);
+        int fmt = fmts[i < 34 ? 0 : i % 3], rows = 64 + 16 * (i % 5) + (i % 3);
+        int cols = i % 7 == 6 ? 520 : 512 * (1 + i % 2);
         int T = i == 20 ? 11 : 1 + i % 8, r0 = i % 4 == 1 ? 5 : 0;
         kmat w = rand_dmat(fmt, rows, cols, &seed);
         size_t ldx = (size_t)cols + (i % 2) * 4, ldy = (size_t)rows + 3;

@@ -14,14 +14,16 @@
  * refuses one that streams spines) the routed experts are left out: those a layer needs that are
  * not in a least-recently-used cache of device slots (sized by --vram-budget) come through the
  * store, copied on a stream of their own from its registered slot memory while the GPU computes
- * (moe_streamed), and the router lookahead (cuda_guess) starts the store's reads a layer ahead. The session's pass arena, caches, recurrent state and commit log are device
- * memory (mem_alloc). The host buffers here and the device buffers beyond the arena grow only
- * when a pass needs more than any before, so a decode step allocates nothing.
+ * (moe_streamed), and the router lookahead (cuda_guess) starts the store's reads a layer ahead.
+ * The session's pass arena, caches, recurrent state and commit log are device memory (mem_alloc).
+ * The host buffers here and the device buffers beyond the arena grow only when a pass needs more
+ * than any before, so a decode step allocates nothing.
  *
  * Exactness: matmuls, norms, activations and attention are cuda_kern.h's and cuda_blk.h's, each
  * the CPU code's operations in its order; tests/cuda/test_cuda.c compares whole passes' logits with
  * the CPU backend's with memcmp.
  */
+#include <assert.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +67,7 @@ typedef struct cuda_dev {
         mlp_w mats;     /* its matrices, device pointers */
         cudaEvent_t filled; /* on cp: its latest fill has landed (the pass stream waits for it) */
         cudaEvent_t done;   /* on the pass stream: the kernels that read it have run (a refill waits) */
-        int queued;     /* 1: read by the MoE layer's group not yet launched (ex_flush) */
+        int queued;     /* 1: read by the MoE layer's group not yet launched (moe_flush) */
     } *xs;
     int *slot_of;
     uint64_t tick, hits, misses;
@@ -349,6 +351,7 @@ static int slot_find(cuda_dev *d, int layer, int e)
  * (their host bytes may then be reused). */
 static void pend_release(cuda_dev *d, const blk *b, int layer, int n)
 {
+    assert(n >= 0 && n <= d->npend);
     for (int i = 0; i < n; i++) {
         cudaEventSynchronize(d->xs[d->pend_slot[i]].filled);
         b->xs->release(b->xs->ctx, layer, d->pend_id[i]);
@@ -744,6 +747,15 @@ static void moe_glu(const moe_run *r, const int *off, const int *len, int n)
                   hp->situ_linear_beta, NULL);
 }
 
+/* forgets the group unlaunched (a pass that failed part way) */
+static void moe_drop(moe_run *r)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->slot[i] >= 0)
+            r->d->xs[r->slot[i]].queued = 0;
+    r->n = 0;
+}
+
 /* launches the group: gate and up, GLU, down, each one launch */
 static void moe_flush(moe_run *r)
 {
@@ -802,6 +814,7 @@ static void moe_add(moe_run *r, int ex, int slot, const mlp_w *m)
             cudaEventRecord(r->d->xs[slot].done, NULL);
         return;
     }
+    assert(r->n < EX_GROUP && (slot < 0 || !r->d->xs[slot].queued));
     r->ex[r->n] = ex;
     r->slot[r->n] = slot;
     r->m[r->n] = *m;
@@ -822,6 +835,7 @@ static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
             k = j;
     if (d->xs[k].queued)
         moe_flush(r);
+    assert(!d->xs[k].queued);
     for (int i = 0; i < d->npend; i++)
         if (d->pend_slot[i] == k) { /* its previous fill's host bytes go back first */
             pend_release(d, r->b, layer, i + 1);
@@ -878,13 +892,16 @@ static int moe_streamed(moe_run *r, int layer, const int *uni, int nu, int *miss
         else
             miss[nmiss++] = uni[k];
     }
-    if (nmiss > 0 && b->xs->begin(b->xs->ctx, layer, miss, nmiss, b->err) != 0)
+    if (nmiss > 0 && b->xs->begin(b->xs->ctx, layer, miss, nmiss, b->err) != 0) {
+        moe_drop(r);
         return -1;
+    }
     for (int k = 0; k < nmiss; k++) {
         int ex;
         mlp_w host;
         int got = b->xs->next(b->xs->ctx, &ex, &host, b->err);
         if (got <= 0) {
+            moe_drop(r);
             pend_release(d, b, layer, d->npend);
             return got < 0 ? -1 : errbuf_set(b->err, "layer %d: the weight source handed over %d of %d experts",
                                              layer, k, nmiss);

@@ -213,11 +213,12 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * gv_cols<FMT>() columns. Each warp owns gv_rw<FMT>() rows (each half-warp half of them, one lane
  * of seq16 per thread): it loads the next column block's raw bytes with 16-byte loads into
  * registers (and the block's scales, decoded, beside them) while it reduces the current one from
- * shared memory, where each lane decodes its own columns exactly, in its lane order. The
- * block's warps share the activations of the column block, copied asynchronously into a second
- * shared buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's
- * experts), each block working on one of them. Rows must be 16-byte aligned and a whole number of column blocks long (K3's and
- * the usual shapes are); other matrices take k_matmul, which gives the same bits. */
+ * shared memory, where each lane decodes its own columns exactly, in its lane order. The block's
+ * warps share the activations of the column block, copied asynchronously into a second shared
+ * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
+ * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
+ * blocks long (K3's and the usual shapes are); other matrices take k_matmul, which gives the same
+ * bits. */
 
 template <int FMT> __host__ __device__ constexpr int gv_cols()
 {
