@@ -288,8 +288,9 @@ template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> set)
 {
     int ei = 0;
-    while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
-        ei++;
+    if constexpr (N > 1) /* (one matrix: its fields at fixed offsets, not copied out to be indexed) */
+        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
+            ei++;
     const kmat w = set.e[ei].m.w;
     const float *__restrict__ x = set.e[ei].m.x;
     float *__restrict__ y = set.e[ei].m.y;
