@@ -265,7 +265,7 @@ template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int
 
 /* Rows per warp and warps per block, measured (bench/results/cuda.md): 8 rows and 2 warps where a
  * row's column block is 512 bytes (the 16- and 32-bit formats), 8 rows and 4 warps where it is 256
- * (the 4- and 8-bit ones, whose decoding wants more warps in flight). */
+ * (the 4- and 8-bit ones, measured faster with more warps). */
 template <int FMT> __host__ __device__ constexpr int gv_rw() { return 8; }
 template <int FMT> __host__ __device__ constexpr int gv_warps() { return gv_row_bytes<FMT>() == 512 ? 2 : 4; }
 
