@@ -861,7 +861,7 @@ static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
  * the same bytes. */
 static void source_register(cuda_dev *d, const weight_src *xs)
 {
-    if (d->reg_ctx == xs->ctx)
+    if (d->reg_ctx == xs->ctx || cudaPeekAtLastError() != cudaSuccess) /* (a pending error is the pass's) */
         return;
     if (d->reg)
         cudaHostUnregister(d->reg);
@@ -873,8 +873,8 @@ static void source_register(cuda_dev *d, const weight_src *xs)
         xs->memory(xs->ctx, &base, &bytes);
     if (base && bytes && cudaHostRegister(base, bytes, cudaHostRegisterDefault) == cudaSuccess)
         d->reg = base;
-    else
-        cudaGetLastError(); /* not an error of the pass */
+    else if (base && bytes)
+        cudaGetLastError(); /* the refusal is not an error of the pass (none was pending) */
 }
 
 /* The experts of streamed layer `layer`: the VRAM hits at once, the misses as the source hands
@@ -987,8 +987,8 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
 }
 
 /* Router lookahead (blk_moe_guess on the GPU): layer i's router over the stand-in x, its choices
- * brought back, and the reads started of those not already in VRAM. A hint only: errors are
- * dropped, nothing is decided. */
+ * brought back, and the reads started of those not already in VRAM. A hint only: nothing is
+ * decided, and a failure to allocate its scratch skips it. */
 static void cuda_guess(const blk *b, int i, const layer_w *L, const float *x, int T)
 {
     const hparams *hp = b->hp;
@@ -1020,8 +1020,7 @@ static void cuda_guess(const blk *b, int i, const layer_w *L, const float *x, in
                     b->xs->prefetch(b->xs->ctx, i, ids, n);
             }
     }
-    cudaGetLastError();
-    arena_rewind(b->ar, mark);
+    arena_rewind(b->ar, mark); /* (a CUDA error here stays pending: the pass reports it at the head) */
 }
 
 static int cuda_ffn(const blk *b, int i, const layer_w *L, const float *x, int T, float *out)
