@@ -713,10 +713,10 @@ static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int
     return 0;
 }
 
-/* A MoE layer's experts on the device. Those of at most 8 positions (decode, verify) go in groups
- * of up to EX_GROUP: the gates and ups of a group in one cudak_matmul_set, its GLUs in one launch,
- * its downs in another, so that one launch fills the GPU where one expert would not; an expert of
- * more positions (prefill) runs alone, its matmuls already wide. Each expert reads its positions'
+/* A MoE layer's experts on the device, in groups of up to EX_GROUP: the gates and ups of a group
+ * in one cudak_matmul_set, its GLUs in one launch, its downs in another, so that one launch fills
+ * the GPU where one expert of a few positions (decode, verify) would not; cudak_matmul_set runs an
+ * expert of more than 8 positions (prefill) on its own, its matmuls already wide. Each expert reads its positions'
  * rows of the layer's buffers (grouped by expert: order, start) and writes its own rows, so the
  * grouping changes no value.
  *
@@ -796,24 +796,6 @@ static void moe_flush(moe_run *r)
 /* expert ex (its device matrices m, in VRAM slot `slot` or resident: -1) over its positions */
 static void moe_add(moe_run *r, int ex, int slot, const mlp_w *m)
 {
-    int s0 = r->start[ex], n = r->start[ex + 1] - s0;
-    if (n > 8) { /* alone, now */
-        cudak_mm mm[2] = {{.w = m->gate, .x = r->gx + (size_t)s0 * r->D, .ldx = (size_t)r->D,
-                           .y = r->g + (size_t)s0 * r->I, .ldy = (size_t)r->I, .r1 = m->gate.rows, .T = n},
-                          {.w = m->up, .x = r->gx + (size_t)s0 * r->D, .ldx = (size_t)r->D,
-                           .y = r->u + (size_t)s0 * r->I, .ldy = (size_t)r->I, .r1 = m->up.rows, .T = n}};
-        int off = s0 * r->I, len = n * r->I;
-        if (slot >= 0)
-            cudaStreamWaitEvent(NULL, r->d->xs[slot].filled, 0);
-        cudak_matmul_set(mm, 2, NULL);
-        moe_glu(r, &off, &len, 1);
-        mm[0] = (cudak_mm){.w = m->down, .x = r->g + (size_t)s0 * r->I, .ldx = (size_t)r->I,
-                           .y = r->gy + (size_t)s0 * r->D, .ldy = (size_t)r->D, .r1 = m->down.rows, .T = n};
-        cudak_matmul_set(mm, 1, NULL);
-        if (slot >= 0)
-            cudaEventRecord(r->d->xs[slot].done, NULL);
-        return;
-    }
     assert(r->n < EX_GROUP && (slot < 0 || !r->d->xs[slot].queued));
     r->ex[r->n] = ex;
     r->slot[r->n] = slot;
