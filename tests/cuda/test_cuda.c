@@ -309,6 +309,12 @@ static int pair_open(pair *p, const char *name, errbuf *err)
     return p->gpu ? 0 : -1;
 }
 
+/* token v of a test sequence (0 when the model did not load: no vocabulary to take it modulo) */
+static int32_t pair_token(const pair *p, long v)
+{
+    return p->loaded ? (int32_t)(v % p->m.hp.vocab) : 0;
+}
+
 static void pair_close(pair *p)
 {
     engine_free(p->gpu);
@@ -331,7 +337,7 @@ static void gpu_case(const char *name)
     enum { N = 40 };
     int32_t ids[N];
     for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 7919 + 17) % mp->hp.vocab);
+        ids[i] = pair_token(&P, i * 7919 + 17);
     size_t V = (size_t)mp->hp.vocab;
     int on_gpu = gpu && gpu->be == &backend_cuda && gpu->be_dev; /* not the CPU behind another name */
     float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
@@ -381,7 +387,7 @@ TEST(cuda_backend_long_context)
     enum { N = 300 };
     int32_t *ids = malloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 31 + 5) % mp->hp.vocab);
+        ids[i] = pair_token(&P, i * 31 + 5);
     float *want = gpu ? tu_eval_engine(cpu, ids, N, 64, &err) : NULL;
     float *got = want ? tu_eval_engine(gpu, ids, N, 64, &err) : NULL;
     int same = got && !memcmp(got, want, sizeof(float) * N * (size_t)mp->hp.vocab);
@@ -407,7 +413,7 @@ static void commit_case(const char *name)
     enum { N = 30, PASS = 6, KEEP = 4 };
     int32_t ids[N + PASS];
     for (int i = 0; i < N + PASS; i++)
-        ids[i] = (int32_t)((i * 104729 + 3) % mp->hp.vocab);
+        ids[i] = pair_token(&P, (long)i * 104729 + 3);
     size_t V = (size_t)mp->hp.vocab;
     float *want = gpu ? tu_eval_engine(cpu, ids, N + PASS, N + PASS, &err) : NULL;
     session *s = want ? tu_session(gpu, N + PASS, PASS, &err) : NULL;
@@ -585,7 +591,7 @@ static void draft_case(const char *name)
     enum { NP = 36 };
     int32_t prompt[NP];
     for (int i = 0; i < NP; i++)
-        prompt[i] = (int32_t)(((i % 9) * 7919 + 5) % P.m.hp.vocab); /* a phrase of 9, four times */
+        prompt[i] = pair_token(&P, (i % 9) * 7919 + 5); /* a phrase of 9, four times */
     size_t V = opened ? (size_t)P.m.hp.vocab : 1;
     grun a = {.V = (int)V, .logits = malloc(sizeof(float) * GMAX * V)};
     grun b = {.V = (int)V, .logits = malloc(sizeof(float) * GMAX * V)};
