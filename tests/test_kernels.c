@@ -240,9 +240,10 @@ void kern_test_matches_scalar(const kern_ops *k)
      * for 4-bit rows, of KERN_XF / cols (12320 columns: 42, so 64 goes as 32 + 32 and 70 as
      * 35 + 35), and within a group in tiles of up to 6 tokens (every T from 1 to 8, 13 = 6 + 6 +
      * 1, 25 = 4 x 6 + 1). The GPU's T <= 8 path takes rows of whole 512-column blocks (2048,
-     * 1536), in warps of four rows (3, 5, 131 and 19 rows end in a partial one). */
-    static const int shapes[][2] = {{1, 32},   {3, 64},    {5, 96},   {7, 160},   {2, 224},
-                                    {9, 1056}, {130, 256}, {19, 4128}, {2, 12320}, {5, 2048}};
+     * 1536, 1024), in warps of 8 rows (16 for 4-bit rows at T = 4) and blocks of 2 or 4 warps (3,
+     * 5, 131 and 19 rows end in a partial warp, 37 and 131 in a second block). */
+    static const int shapes[][2] = {{1, 32},    {3, 64},    {5, 96},    {7, 160},   {2, 224},  {9, 1056},
+                                    {130, 256}, {19, 4128}, {2, 12320}, {5, 2048}, {37, 1024}};
     static const int plain_cols[] = {1, 3, 17, 63, 64, 65, 127, 129, 192, 200, 1000, 1536, 4099, 8256, 8259};
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 25, 64, 70};

@@ -210,10 +210,16 @@ __global__ void __launch_bounds__(16 * RG * TGN)
 
 /* Passes of T <= 8 tokens are bound by reading the weights once (decode, verify): k_gemv keeps as
  * many bytes in flight as it can. A block of gv_warps<FMT>() warps walks its rows in blocks of
- * gv_cols<FMT>() columns. Each warp owns gv_rw<FMT>() rows (each half-warp half of them, one lane
- * of seq16 per thread): it loads the next column block's raw bytes with 16-byte loads into
- * registers (and the block's scales, decoded, beside them) while it reduces the current one from
- * shared memory, where each lane decodes its own columns exactly, in its lane order. The block's
+ * gv_cols<FMT>() columns. Each warp owns gv_rw<FMT>() rows: it loads the next column block's raw
+ * bytes with 16-byte loads into registers (and the block's scales, decoded, beside them) while it
+ * reduces the current one from shared memory, decoding exactly, in seq16's lane order. Mostly each
+ * half-warp holds half the rows, one lane of seq16 per thread, and a thread reads its columns'
+ * values one by one. The 4-bit formats at T <= 2 (gv_nib: a pass bound by its decoding) give a
+ * row to a quad of threads instead: thread q holds lanes 4q .. 4q + 3, whose bytes are word q of
+ * each 16-byte group, so that it reads eight codes as one word and decodes them with shifts and
+ * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.31
+ * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
+ * the activations cost more than they saved (bench/results/cuda.md). The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -251,6 +257,24 @@ template <int FMT> __device__ __forceinline__ float d_code(const uint8_t *rp, in
     return d_e4m3(rp[c]);
 }
 
+/* The 4-bit codes of one shared-memory word (four lanes' bytes, two columns each), decoded in
+ * registers, times the group's scale sc: the nibble at bit P. MXFP4: the code's three low bits
+ * placed at bits 22-24 and its sign at 31 are exactly its E2M1 value times 2^-126 (a subnormal
+ * for 0 and 0.5), so (that x 2^126) x sc is dtype.c's one rounding of value x scale, and so is that
+ * x (sc x 2^126) in one multiply whenever sc x 2^126 is a float (sc <= 2: s126, passed by the
+ * caller; fast says which). INT4: 2^23 + q - (2^23 + 8) is q - 8 exactly. */
+template <int FMT, int P, bool FAST>
+__device__ __forceinline__ float d_nib(uint32_t word, float sc, float s126)
+{
+    if (FMT == WF_MXFP4) {
+        uint32_t t = word << (28 - P); /* the sign at bit 31, the magnitude at 28-30 */
+        float f = __uint_as_float((uint32_t)((int32_t)t >> 6) & 0x81C00000u);
+        return FAST ? f * s126 : (f * 0x1p126f) * sc;
+    }
+    float q = __uint_as_float(0x4B000000u | ((word >> P) & 0xFu)) - 8388616.0f;
+    return q * sc;
+}
+
 /* the scale of row r's columns col .. col + 31 (1.0 unused for the plain formats) */
 template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int r, int col)
 {
@@ -267,6 +291,12 @@ template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int
  * row's column block is 512 bytes (the 16- and 32-bit formats), 8 rows and 4 warps where it is 256
  * (the 4- and 8-bit ones, measured faster with more warps). */
 template <int FMT> __host__ __device__ constexpr int gv_rw() { return 8; }
+
+/* whether k_gemv's threads each hold four lanes of seq16 (the 4-bit formats at T <= 2; see there) */
+template <int FMT, int TT> __host__ __device__ constexpr bool gv_nib()
+{
+    return (FMT == WF_MXFP4 || FMT == WF_INT4G32) && TT <= 2;
+}
 template <int FMT> __host__ __device__ constexpr int gv_warps() { return gv_row_bytes<FMT>() == 512 ? 2 : 4; }
 
 template <int FMT> __host__ __device__ constexpr bool has_scale()
@@ -284,6 +314,58 @@ template <int N> struct gv_set {
     } e[N];
 };
 
+/* The 4-bit formats' end of k_gemv: thread q of a quad holds lanes 4q .. 4q + 3 of its row for
+ * each token, so seq16's tree is two shuffles within the quad (h = 8: from thread q + 2, h = 4:
+ * from q + 1) and then the thread's own h = 2 and h = 1; thread 0 of the quad stores row r. The
+ * whole warp calls. */
+template <int TT>
+__device__ __forceinline__ void quad_store(float (&acc)[4][TT], int r, int r0, int r1, int T, float *y, size_t ldy)
+{
+#pragma unroll
+    for (int k = 0; k < TT; k++) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = acc[i][k];
+            v[i] = v[i] + __shfl_down_sync(0xFFFFFFFFu, v[i], 2, 4);
+            v[i] = v[i] + __shfl_down_sync(0xFFFFFFFFu, v[i], 1, 4);
+        }
+        float sum = (v[0] + v[2]) + (v[1] + v[3]);
+        if ((threadIdx.x & 3) == 0 && r < r1 && k < T)
+            y[(size_t)k * ldy + (size_t)(r - r0)] = sum;
+    }
+}
+
+/* One row's 32-column group for a thread of four lanes: lane 4q + i adds its even column
+ * (byte i's low nibble) and then its odd one, for every token. */
+template <int FMT, bool FAST, int TT>
+__device__ __forceinline__ void nib_group(uint32_t word, float sc, const float (&xv)[TT][8], float (&acc)[4][TT])
+{
+    const float s126 = sc * 0x1p126f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float lo, hi;
+        if (i == 0) {
+            lo = d_nib<FMT, 0, FAST>(word, sc, s126);
+            hi = d_nib<FMT, 4, FAST>(word, sc, s126);
+        } else if (i == 1) {
+            lo = d_nib<FMT, 8, FAST>(word, sc, s126);
+            hi = d_nib<FMT, 12, FAST>(word, sc, s126);
+        } else if (i == 2) {
+            lo = d_nib<FMT, 16, FAST>(word, sc, s126);
+            hi = d_nib<FMT, 20, FAST>(word, sc, s126);
+        } else {
+            lo = d_nib<FMT, 24, FAST>(word, sc, s126);
+            hi = d_nib<FMT, 28, FAST>(word, sc, s126);
+        }
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            acc[i][k] = __fmaf_rn(lo, xv[k][2 * i], acc[i][k]);
+            acc[i][k] = __fmaf_rn(hi, xv[k][2 * i + 1], acc[i][k]);
+        }
+    }
+}
+
 template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> set)
 {
@@ -296,21 +378,25 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
     float *__restrict__ y = set.e[ei].m.y;
     const size_t ldx = set.e[ei].m.ldx, ldy = set.e[ei].m.ldy;
     const int r0 = set.e[ei].m.r0, r1 = set.e[ei].m.r1, T = set.e[ei].m.T, bx = (int)blockIdx.x - set.e[ei].nb0;
-    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), RW = gv_rw<FMT>(), V = RB / 16, VS = V + 4,
-                  NV = RW * V / 32, RT = RW / 2, NW = gv_warps<FMT>(), NT = 32 * NW;
+    constexpr bool NIB = gv_nib<FMT, TT>();
+    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), RW = gv_rw<FMT>(), V = RB / 16,
+                  VS = NIB ? V + 1 : V + 4, NV = RW * V / 32, RT = RW / 2, NW = gv_warps<FMT>(), NT = 32 * NW;
     static_assert(RW * V % 32 == 0, "a warp's loads cover its rows' block");
-    /* the warp's rows, each 64 bytes beyond its length apart, and the second half-warp's a further
-     * 64 bytes on (row_at): the two half-warps, reading the same offsets of rows RT apart, read
-     * different banks */
+    static_assert(!NIB || (RW == 8 && RT == 4), "a quad of threads per row, four lanes to a thread");
+    /* The warp's rows in shared memory. One lane per thread: each 64 bytes beyond its length apart,
+     * and the second half-warp's a further 64 bytes on (row_at), so that the two half-warps,
+     * reading the same offsets of rows RT apart, read different banks. Four lanes per thread: 16
+     * bytes beyond, so that the eight rows a warp reads at once start four banks apart and its 32
+     * words fall in 32 banks. */
     __shared__ uint4 raw[NW][RW * VS + 4];
-    auto row_at = [&](int rr) { return rr * VS + (rr >= RT ? 4 : 0); };
-    __shared__ float xs[2][TT * C];
+    auto row_at = [&](int rr) { return rr * VS + (!NIB && rr >= RT ? 4 : 0); };
+    __shared__ __align__(16) float xs[2][TT * C];
     __shared__ float e2m1[16];
     constexpr int NG = C / 32, NS = has_scale<FMT>() ? (RW * NG + 31) / 32 : 1;
     __shared__ float scs[NW][RW * NG]; /* the warp's rows' scales of the block, decoded */
     const int warp = threadIdx.x / 32, tl = threadIdx.x & 31, half = tl >> 4, lane = tl & 15;
     const int rbase = r0 + (bx * NW + warp) * RW, nblk = w.cols / C;
-    if (threadIdx.x < 16)
+    if (!NIB && threadIdx.x < 16)
         e2m1[threadIdx.x] = d_e2m1(threadIdx.x);
     /* a warp past r1 still takes part in the block's copies and barriers; its loads repeat the
      * last row, as do the rows of a partial warp, and nothing of theirs is stored */
@@ -343,6 +429,9 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
     };
     load_x(0);
     load_w(0);
+    /* one lane per thread: thread (half, lane) holds lane `lane` of rows half * RT .. + RT; four:
+     * thread (rs, q) holds lanes 4q .. 4q + 3 of row rs (acc[i] lane 4q + i) */
+    const int rs = tl >> 2, q = tl & 3;
     float acc[RT][TT];
 #pragma unroll
     for (int j = 0; j < RT; j++)
@@ -370,33 +459,57 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
         }
         __syncthreads(); /* block b's activations and this warp's raw rows are in place */
         const float *xb = xs[b & 1];
+        if constexpr (NIB) {
+            const uint32_t *rw32 = (const uint32_t *)&raw[warp][0] + 4 * row_at(rs) + q;
+#pragma unroll 4
+            for (int g = 0; g < NG; g++) {
+                float xv[TT][8]; /* columns 32 g + 8 q .. + 8 of every token */
+#pragma unroll
+                for (int k = 0; k < TT; k++) {
+                    float4 a = *(const float4 *)(xb + k * C + 32 * g + 8 * q);
+                    float4 c = *(const float4 *)(xb + k * C + 32 * g + 8 * q + 4);
+                    xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
+                    xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
+                }
+                uint32_t word = rw32[4 * g];
+                float sc = scs[warp][rs * NG + g];
+                if (FMT != WF_MXFP4 || sc <= 2.0f)
+                    nib_group<FMT, true, TT>(word, sc, xv, acc);
+                else /* sc x 2^126 is no float (or sc is NaN) */
+                    nib_group<FMT, false, TT>(word, sc, xv, acc);
+            }
+        } else {
 #pragma unroll 2
-        for (int g = 0; g < C / 32; g++) {
-            float sc[RT];
+            for (int g = 0; g < C / 32; g++) {
+                float sc[RT];
 #pragma unroll
-            for (int j = 0; j < RT; j++)
-                sc[j] = has_scale<FMT>() ? scs[warp][(half * RT + j) * NG + g] : 1.0f;
+                for (int j = 0; j < RT; j++)
+                    sc[j] = has_scale<FMT>() ? scs[warp][(half * RT + j) * NG + g] : 1.0f;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int c = lane_col<FMT>(lane, 2 * g + h);
-                float xv[TT];
-#pragma unroll
-                for (int k = 0; k < TT; k++)
-                    xv[k] = xb[k * C + c];
-#pragma unroll
-                for (int j = 0; j < RT; j++) {
-                    float wv = d_code<FMT>((const uint8_t *)&raw[warp][row_at(half * RT + j)], c, e2m1);
-                    if (has_scale<FMT>())
-                        wv = wv * sc[j];
+                for (int h = 0; h < 2; h++) {
+                    int c = lane_col<FMT>(lane, 2 * g + h);
+                    float xv[TT];
 #pragma unroll
                     for (int k = 0; k < TT; k++)
-                        acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
+                        xv[k] = xb[k * C + c];
+#pragma unroll
+                    for (int j = 0; j < RT; j++) {
+                        float wv = d_code<FMT>((const uint8_t *)&raw[warp][row_at(half * RT + j)], c, e2m1);
+                        if (has_scale<FMT>())
+                            wv = wv * sc[j];
+#pragma unroll
+                        for (int k = 0; k < TT; k++)
+                            acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
+                    }
                 }
             }
         }
         __syncthreads(); /* every warp is done with xs[b & 1] before block b + 2 is copied there */
     }
-    tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
+    if constexpr (NIB)
+        quad_store<TT>(acc, rbase + rs, r0, r1, T, y, ldy);
+    else
+        tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
 }
 
 /* whether k_gemv takes w: rows 16-byte aligned and a whole number of column blocks long (K3's and
@@ -447,8 +560,6 @@ static void launch_mm(const kmat *w, int r0, int r1, const float *x, size_t ldx,
     k_matmul<FMT, RT, TT, RG, TGN><<<grid, 16 * RG * TGN, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
 }
 
-/* T <= 8 reads each weight once for every token (a memory-bound pass: decode or verify); longer
- * passes tile 4 rows x 8 tokens per thread. */
 /* T <= 8 reads each weight once for every token (a memory-bound pass: decode or verify); longer
  * passes tile 4 rows x 8 tokens per thread. */
 template <int FMT>
