@@ -461,23 +461,33 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
         const float *xb = xs[b & 1];
         if constexpr (NIB) {
             const uint32_t *rw32 = (const uint32_t *)&raw[warp][0] + 4 * row_at(rs) + q;
-#pragma unroll 4
-            for (int g = 0; g < NG; g++) {
-                float xv[TT][8]; /* columns 32 g + 8 q .. + 8 of every token */
+            const float *xq = xb + 8 * q;
+            float sc[NG]; /* the row's scales of the block, and whether every one takes d_nib's one multiply */
+            bool fast = true;
 #pragma unroll
-                for (int k = 0; k < TT; k++) {
-                    float4 a = *(const float4 *)(xb + k * C + 32 * g + 8 * q);
-                    float4 c = *(const float4 *)(xb + k * C + 32 * g + 8 * q + 4);
-                    xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
-                    xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
-                }
-                uint32_t word = rw32[4 * g];
-                float sc = scs[warp][rs * NG + g];
-                if (FMT != WF_MXFP4 || sc <= 2.0f)
-                    nib_group<FMT, true, TT>(word, sc, xv, acc);
-                else /* sc x 2^126 is no float (or sc is NaN) */
-                    nib_group<FMT, false, TT>(word, sc, xv, acc);
+            for (int g = 0; g < NG; g++) {
+                sc[g] = scs[warp][rs * NG + g];
+                fast = fast && (FMT != WF_MXFP4 || sc[g] <= 2.0f); /* (false for NaN) */
             }
+            /* the block's 16 groups in straight-line code, one branch per block */
+            auto groups = [&](auto fast_c) {
+#pragma unroll
+                for (int g = 0; g < NG; g++) {
+                    float xv[TT][8]; /* columns 32 g + 8 q .. + 8 of every token */
+#pragma unroll
+                    for (int k = 0; k < TT; k++) {
+                        float4 a = *(const float4 *)(xq + k * C + 32 * g);
+                        float4 c = *(const float4 *)(xq + k * C + 32 * g + 4);
+                        xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
+                        xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
+                    }
+                    nib_group<FMT, decltype(fast_c)::value, TT>(rw32[4 * g], sc[g], xv, acc);
+                }
+            };
+            if (fast)
+                groups(std::true_type());
+            else /* some sc x 2^126 is no float (or sc is NaN) */
+                groups(std::false_type());
         } else {
 #pragma unroll 2
             for (int g = 0; g < C / 32; g++) {
