@@ -218,8 +218,11 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 #define TILE_MR 4
 #define TILE_NR 3
 
-/* only T = 1 fuses decode and FMA (four rows of two ymm each: 8 of the 16 ymm) */
-#define FUSED_NT 1
+/* T <= 4 fuses decode and FMA, in 8 accumulators (of the 16 ymm) whatever T: 4 rows x 1 token,
+ * 2 x 2 or 1 x 3 and 1 x 4, each output two ymm. Each is eight independent FMA chains, as T = 1's
+ * four rows, and the weights stream once for all T tokens. */
+#define FUSED_NT 4
+#define FUSED_RT(NT) ((NT) >= 3 ? 1 : (NT) == 2 ? 2 : 4)
 #include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)
