@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * values one by one. The 4-bit formats at T <= 2 (gv_nib: a pass bound by its decoding) give a
  * row to a quad of threads instead: thread q holds lanes 4q .. 4q + 3, whose bytes are word q of
  * each 16-byte group, so that it reads eight codes as one word and decodes them with shifts and
- * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.31
+ * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
  * the activations cost more than they saved (bench/results/cuda.md). The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
@@ -262,7 +262,7 @@ template <int FMT> __device__ __forceinline__ float d_code(const uint8_t *rp, in
  * placed at bits 22-24 and its sign at 31 are exactly its E2M1 value times 2^-126 (a subnormal
  * for 0 and 0.5), so (that x 2^126) x sc is dtype.c's one rounding of value x scale, and so is that
  * x (sc x 2^126) in one multiply whenever sc x 2^126 is a float (sc <= 2: s126, passed by the
- * caller; fast says which). INT4: 2^23 + q - (2^23 + 8) is q - 8 exactly. */
+ * caller, and FAST). INT4: 2^23 + q - (2^23 + 8) is q - 8 exactly. */
 template <int FMT, int P, bool FAST>
 __device__ __forceinline__ float d_nib(uint32_t word, float sc, float s126)
 {
@@ -291,13 +291,13 @@ template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int
  * row's column block is 512 bytes (the 16- and 32-bit formats), 8 rows and 4 warps where it is 256
  * (the 4- and 8-bit ones, measured faster with more warps). */
 template <int FMT> __host__ __device__ constexpr int gv_rw() { return 8; }
+template <int FMT> __host__ __device__ constexpr int gv_warps() { return gv_row_bytes<FMT>() == 512 ? 2 : 4; }
 
 /* whether k_gemv's threads each hold four lanes of seq16 (the 4-bit formats at T <= 2; see there) */
 template <int FMT, int TT> __host__ __device__ constexpr bool gv_nib()
 {
     return (FMT == WF_MXFP4 || FMT == WF_INT4G32) && TT <= 2;
 }
-template <int FMT> __host__ __device__ constexpr int gv_warps() { return gv_row_bytes<FMT>() == 512 ? 2 : 4; }
 
 template <int FMT> __host__ __device__ constexpr bool has_scale()
 {
