@@ -844,6 +844,46 @@ TEST(draft_first_ask_by_its_estimate)
     engine_free(e);
 }
 
+/* A drafter that has nothing to guess (a model drafter warming up on text it cannot follow) does not
+ * take the steps from a free one that has: listed first, the silent drafter is asked at every step
+ * of its warm-up (64 asks, longer than this generation), and each of those steps still verifies the
+ * free perfect drafter's guesses. Before, the n-gram drafter lost most of its steps on a code prompt
+ * this way (bench/results/drafting.md, 2026-12-03). The tokens and logits are a plain decode's. */
+TEST(draft_silent_drafter_leaves_the_step_to_a_free_one)
+{
+    errbuf err;
+    engine *e = default_engine(2, NULL, 0, &err);
+    CHECKF(e, "%s", err.msg);
+    tok_ids ids = {0};
+    CHECKF(encode_file(e, code_prompt(), &ids, &err) == 0, "%s", err.msg);
+    int np = (int)ids.n, V = engine_hparams(e)->vocab;
+    run plain, r;
+    CHECK(run_init(&plain, V) == 0 && run_init(&r, V) == 0);
+    gcfg g = {.max_new = 48, .kmax = 3};
+    CHECKF(generate_once(e, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
+    int32_t *truth = malloc(sizeof(int32_t) * (size_t)(np + plain.n));
+    CHECK(truth != NULL);
+    memcpy(truth, ids.v, sizeof(int32_t) * (size_t)np);
+    memcpy(truth + np, plain.ids, sizeof(int32_t) * (size_t)plain.n);
+    oracle_drafter silent, od;
+    oracle_init(&silent, truth, 0, V, 0.0, 1); /* knows no token: never guesses */
+    silent.d.name = "silent";
+    oracle_init(&od, truth, np + plain.n, V, 0.0, 2);
+    drafter *use[2] = {&silent.d, &od.d};
+    CHECKF(generate_once(e, ids.v, np, use, 2, &g, &r, &err) == 0, "%s", err.msg);
+    char why[200];
+    CHECKF(same_run(&plain, &r, why, sizeof why), "%s", why);
+    CHECKF(r.st.draft[0].steps == 0, "the silent drafter made %llu steps", (unsigned long long)r.st.draft[0].steps);
+    CHECKF(r.st.draft[1].accepted >= (uint64_t)plain.n / 2,
+           "the free perfect drafter's guesses made %llu of %d tokens beside a silent one",
+           (unsigned long long)r.st.draft[1].accepted, plain.n);
+    free(truth);
+    run_free(&plain);
+    run_free(&r);
+    tok_ids_free(&ids);
+    engine_free(e);
+}
+
 /* ---- DSpark against its training code ---- */
 
 TEST(draft_dspark_matches_its_training_code)

@@ -179,6 +179,34 @@ static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int 
         }
 }
 
+/* Asks drafter d for up to k guesses after seq[0 .. n) (its anchor last) into out, and records what
+ * the ask cost; returns their number, or -1 (err). *cls: the class of its guesses. */
+static int ask(econ *e, const gen_req *rq, gen_stats *st, int d, const int32_t *seq, int n, int k, int32_t *out,
+               const float **q, int *cls, errbuf *err)
+{
+    drafter *dr = rq->drafters[d];
+    double once = 0; /* a first ask's catch-up (by its estimate) is not what later asks cost */
+    if (e->asked[d] == 0 && dr->cost)
+        dr->cost(dr, n, k, &once);
+    once *= pass_cost(e, 1) * (1 - e->io_frac);
+    double tp = timer_now();
+    dr->cls = 0;
+    *q = NULL;
+    int m = dr->propose(dr, seq, n, k, out, q, err);
+    double dt = timer_now() - tp;
+    if (m < 0)
+        return -1;
+    ema(&e->propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
+    st->draft[d].propose_s += dt;
+    e->asked[d]++;
+    e->guessed[d] += m > 0;
+    *cls = dr->cls;
+    assert(*cls >= 0 && *cls < DRAFT_CLASSES);
+    if (m > 0)
+        e->last_cls[d] = *cls;
+    return m;
+}
+
 static double store_stall(const session *s)
 {
     struct store *st = s->e->store;
@@ -334,26 +362,26 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             memcpy(seq + seq_have, session_tokens(s) + seq_have, sizeof *seq * (size_t)(n - 1 - seq_have));
             seq_have = n - 1;
             seq[n - 1] = anchor;
-            double once = 0; /* a first ask's catch-up (by its estimate) is not what later asks cost */
-            if (ec.asked[d] == 0 && rq->drafters[d]->cost)
-                rq->drafters[d]->cost(rq->drafters[d], n, k, &once);
-            once *= pass_cost(&ec, 1) * (1 - ec.io_frac);
-            double tp = timer_now();
-            rq->drafters[d]->cls = 0;
-            m = rq->drafters[d]->propose(rq->drafters[d], seq, n, k, drafts + 1, &q, err);
-            double dt = timer_now() - tp;
+            m = ask(&ec, rq, st, d, seq, n, k, drafts + 1, &q, &cls, err);
+            /* The step's drafter had nothing (a model drafter warming up, a probe, a draft that ended
+             * inside a target token): a free drafter's guesses then cost nothing to ask for, and
+             * the pass runs anyway. Without this, every warm-up ask of a drafter that seldom
+             * guesses took the step from the n-gram drafter's. */
+            for (int d2 = 0; m == 0 && !rq->fixed && d2 < nd; d2++) {
+                if (d2 == d || !is_free(&ec, d2))
+                    continue;
+                int k2 = kmax < room ? kmax : room;
+                k2 = k2 < want ? k2 : want;
+                m = ask(&ec, rq, st, d2, seq, n, k2, drafts + 1, &q, &cls, err);
+                if (m != 0) { /* its guesses, judged as its own step's would be */
+                    d = d2;
+                    warm = probe = 0;
+                }
+            }
             if (m < 0) {
                 rc = -1;
                 break;
             }
-            ema(&ec.propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
-            st->draft[d].propose_s += dt;
-            ec.asked[d]++;
-            ec.guessed[d] += m > 0;
-            cls = rq->drafters[d]->cls;
-            assert(cls >= 0 && cls < DRAFT_CLASSES);
-            if (m > 0)
-                ec.last_cls[d] = cls;
             if (m > 0 && !rq->fixed && !warm && !probe) { /* are these guesses worth a pass, and how many? */
                 double r;                                  /* a class not yet ruled on gets one tried */
                 m = ec.ruled[d][cls][0] < ECON_WARMUP ? 1 : best_k(&ec, d, cls, m, 0.0, &r);
