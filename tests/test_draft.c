@@ -874,7 +874,9 @@ TEST(draft_silent_drafter_leaves_the_step_to_a_free_one)
     char why[200];
     CHECKF(same_run(&plain, &r, why, sizeof why), "%s", why);
     CHECKF(r.st.draft[0].steps == 0, "the silent drafter made %llu steps", (unsigned long long)r.st.draft[0].steps);
-    CHECKF(r.st.draft[1].accepted >= (uint64_t)plain.n / 2,
+    /* (how many guesses a step verifies is the economics' choice, from measured pass times: a
+     * quarter of the tokens is far below what it takes and far above the 2 the bug left) */
+    CHECKF(r.st.draft[1].accepted >= (uint64_t)plain.n / 4,
            "the free perfect drafter's guesses made %llu of %d tokens beside a silent one",
            (unsigned long long)r.st.draft[1].accepted, plain.n);
     free(truth);
