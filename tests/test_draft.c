@@ -799,6 +799,43 @@ static double cost_cheap(drafter *d, int n, int k, double *once)
     return 0.01;
 }
 
+/* The default engine, the code prompt and a plain decode of it: the tokens an oracle drafter
+ * knows (truth: the prompt, then the plain decode's) */
+typedef struct truth_case {
+    engine *e;
+    tok_ids ids;
+    run plain, r;
+    int32_t *truth;
+    int np, V;
+} truth_case;
+
+static int truth_open(truth_case *c, const gcfg *g, errbuf *err)
+{
+    memset(c, 0, sizeof *c);
+    if (!(c->e = default_engine(2, NULL, 0, err)) || encode_file(c->e, code_prompt(), &c->ids, err) != 0)
+        return -1;
+    c->np = (int)c->ids.n;
+    c->V = engine_hparams(c->e)->vocab;
+    if (run_init(&c->plain, c->V) != 0 || run_init(&c->r, c->V) != 0)
+        return errbuf_set(err, "out of memory");
+    if (generate_once(c->e, c->ids.v, c->np, NULL, 0, g, &c->plain, err) != 0)
+        return -1;
+    if (!(c->truth = malloc(sizeof(int32_t) * (size_t)(c->np + c->plain.n))))
+        return errbuf_set(err, "out of memory");
+    memcpy(c->truth, c->ids.v, sizeof(int32_t) * (size_t)c->np);
+    memcpy(c->truth + c->np, c->plain.ids, sizeof(int32_t) * (size_t)c->plain.n);
+    return 0;
+}
+
+static void truth_close(truth_case *c)
+{
+    free(c->truth);
+    run_free(&c->plain);
+    run_free(&c->r);
+    tok_ids_free(&c->ids);
+    engine_free(c->e);
+}
+
 /* A drafter that says what an ask costs (draft.h: cost) is asked only if a good drafter would win
  * that back over the tokens still wanted: with a prohibitive first ask it is never asked (a model
  * drafter whose prompt prefill costs more than the decode could save), with a cheap one it is, and
@@ -806,42 +843,30 @@ static double cost_cheap(drafter *d, int n, int k, double *once)
 TEST(draft_first_ask_by_its_estimate)
 {
     errbuf err;
-    engine *e = default_engine(2, NULL, 0, &err);
-    CHECKF(e, "%s", err.msg);
-    tok_ids ids = {0};
-    CHECKF(encode_file(e, code_prompt(), &ids, &err) == 0, "%s", err.msg);
-    int np = (int)ids.n, V = engine_hparams(e)->vocab;
-    run plain, r;
-    CHECK(run_init(&plain, V) == 0 && run_init(&r, V) == 0);
     gcfg g = {.max_new = 48, .kmax = 7};
-    CHECKF(generate_once(e, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
-    int32_t *truth = malloc(sizeof(int32_t) * (size_t)(np + plain.n));
-    CHECK(truth != NULL);
-    memcpy(truth, ids.v, sizeof(int32_t) * (size_t)np);
-    memcpy(truth + np, plain.ids, sizeof(int32_t) * (size_t)plain.n);
+    truth_case c0;
+    CHECKF(truth_open(&c0, &g, &err) == 0, "%s", err.msg);
+    engine *e = c0.e;
+    run *plain = &c0.plain, *r = &c0.r;
     double (*costs[2])(drafter *, int, int, double *) = {cost_prohibitive, cost_cheap};
     for (int c = 0; c < 2 && !test_failed(); c++) {
         oracle_drafter od;
-        oracle_init(&od, truth, np + plain.n, V, 0.0, 7);
+        oracle_init(&od, c0.truth, c0.np + plain->n, c0.V, 0.0, 7);
         od.d.cost = costs[c];
         drafter *use[1] = {&od.d};
-        CHECKF(generate_once(e, ids.v, np, use, 1, &g, &r, &err) == 0, "%s", err.msg);
+        CHECKF(generate_once(e, c0.ids.v, c0.np, use, 1, &g, r, &err) == 0, "%s", err.msg);
         char why[200];
-        CHECKF(same_run(&plain, &r, why, sizeof why), "%s", why);
+        CHECKF(same_run(plain, r, why, sizeof why), "%s", why);
         uint64_t p, a;
-        drafted(&r, &p, &a);
+        drafted(r, &p, &a);
         if (c == 0)
-            CHECKF(r.st.draft[0].steps == 0 && p == 0, "a drafter whose first ask cannot pay was asked %llu times",
-                   (unsigned long long)r.st.draft[0].steps);
+            CHECKF(r->st.draft[0].steps == 0 && p == 0, "a drafter whose first ask cannot pay was asked %llu times",
+                   (unsigned long long)r->st.draft[0].steps);
         else
             CHECKF(p > 0 && a == p, "a cheap perfect drafter: %llu of %llu guesses kept", (unsigned long long)a,
                    (unsigned long long)p);
     }
-    free(truth);
-    run_free(&plain);
-    run_free(&r);
-    tok_ids_free(&ids);
-    engine_free(e);
+    truth_close(&c0);
 }
 
 /* A drafter that has nothing to guess (a model drafter warming up on text it cannot follow) does not
@@ -852,38 +877,25 @@ TEST(draft_first_ask_by_its_estimate)
 TEST(draft_silent_drafter_leaves_the_step_to_a_free_one)
 {
     errbuf err;
-    engine *e = default_engine(2, NULL, 0, &err);
-    CHECKF(e, "%s", err.msg);
-    tok_ids ids = {0};
-    CHECKF(encode_file(e, code_prompt(), &ids, &err) == 0, "%s", err.msg);
-    int np = (int)ids.n, V = engine_hparams(e)->vocab;
-    run plain, r;
-    CHECK(run_init(&plain, V) == 0 && run_init(&r, V) == 0);
     gcfg g = {.max_new = 48, .kmax = 3};
-    CHECKF(generate_once(e, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
-    int32_t *truth = malloc(sizeof(int32_t) * (size_t)(np + plain.n));
-    CHECK(truth != NULL);
-    memcpy(truth, ids.v, sizeof(int32_t) * (size_t)np);
-    memcpy(truth + np, plain.ids, sizeof(int32_t) * (size_t)plain.n);
+    truth_case c;
+    CHECKF(truth_open(&c, &g, &err) == 0, "%s", err.msg);
     oracle_drafter silent, od;
-    oracle_init(&silent, truth, 0, V, 0.0, 1); /* knows no token: never guesses */
+    oracle_init(&silent, c.truth, 0, c.V, 0.0, 1); /* knows no token: never guesses */
     silent.d.name = "silent";
-    oracle_init(&od, truth, np + plain.n, V, 0.0, 2);
+    oracle_init(&od, c.truth, c.np + c.plain.n, c.V, 0.0, 2);
     drafter *use[2] = {&silent.d, &od.d};
-    CHECKF(generate_once(e, ids.v, np, use, 2, &g, &r, &err) == 0, "%s", err.msg);
+    CHECKF(generate_once(c.e, c.ids.v, c.np, use, 2, &g, &c.r, &err) == 0, "%s", err.msg);
     char why[200];
-    CHECKF(same_run(&plain, &r, why, sizeof why), "%s", why);
-    CHECKF(r.st.draft[0].steps == 0, "the silent drafter made %llu steps", (unsigned long long)r.st.draft[0].steps);
+    CHECKF(same_run(&c.plain, &c.r, why, sizeof why), "%s", why);
+    CHECKF(c.r.st.draft[0].steps == 0, "the silent drafter made %llu steps",
+           (unsigned long long)c.r.st.draft[0].steps);
     /* (how many guesses a step verifies is the economics' choice, from measured pass times: a
      * quarter of the tokens is far below what it takes and far above the 2 the bug left) */
-    CHECKF(r.st.draft[1].accepted >= (uint64_t)plain.n / 4,
+    CHECKF(c.r.st.draft[1].accepted >= (uint64_t)c.plain.n / 4,
            "the free perfect drafter's guesses made %llu of %d tokens beside a silent one",
-           (unsigned long long)r.st.draft[1].accepted, plain.n);
-    free(truth);
-    run_free(&plain);
-    run_free(&r);
-    tok_ids_free(&ids);
-    engine_free(e);
+           (unsigned long long)c.r.st.draft[1].accepted, c.plain.n);
+    truth_close(&c);
 }
 
 /* ---- DSpark against its training code ---- */
