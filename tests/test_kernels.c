@@ -234,9 +234,9 @@ void kern_test_matches_scalar(const kern_ops *k)
      * 16, four rows at a time: the last pass may hold only a tail (4099, 4128) or several full
      * passes precede it (8259, 12320); long plain rows come 19 to a matrix so that a second row
      * block follows the first and ends in a group of three (the prefetch offsets change there).
-     * At T > 1 rows go in blocks of KERN_RB = 16 (130: eight and a block of 2, padded to the
-     * tile's rows), columns in blocks of KERN_KC = 256 (tails of a block and of a 16-column
-     * vector: 1000, 4099, 8259), tokens in equal groups of at most KERN_TG = 64 (70: 35 + 35) or,
+     * At T > 1 rows go in blocks of KERN_RB = 16, 8 on AVX2 (130: eight or sixteen and a block of
+     * 2, padded to the tile's rows), columns in blocks of KERN_KC = 256, 512 on AVX2 (tails of a
+     * block and of a 16-column vector: 1000, 4099, 8259), tokens in equal groups of at most KERN_TG = 64 (70: 35 + 35) or,
      * for 4-bit rows, of KERN_XF / cols (12320 columns: 42, so 64 goes as 32 + 32 and 70 as
      * 35 + 35), and within a group in tiles of up to 6 tokens (every T from 1 to 8, 13 = 6 + 6 +
      * 1, 25 = 4 x 6 + 1). The GPU's T <= 8 path takes rows of whole 512-column blocks (2048,

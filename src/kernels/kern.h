@@ -83,14 +83,16 @@ enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
 /* The T > 1 matrix path's blocking (kern_matmul.inc), shared by every table because it sizes the
  * caller's scratch: rows go in blocks of KERN_RB and columns in blocks of KERN_KC, each block's
  * weights decoded once into scratch and reduced against up to KERN_TG tokens, whose seq16 partial
- * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. A
- * group's activations are first copied into column-block panels (4-bit formats: in lane order),
+ * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. A table
+ * may choose a block of fewer rows and longer, padded rows (AVX2: 8 x 512, rows 32 bytes apart
+ * from the next 1 KB boundary), within KERN_KC_MAX columns and KERN_BLOCK floats. A group's
+ * activations are first copied into column-block panels (4-bit formats: in lane order),
  * KERN_XF floats of them (fewer tokens per group for long rows, never fewer than 8 rows of
  * activations, rounded up to whole column blocks). */
-enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 19 };
+enum { KERN_RB = 16, KERN_KC = 256, KERN_TG = 64, KERN_XF = 1 << 19, KERN_KC_MAX = 512, KERN_BLOCK = 16 * 320 };
 static inline size_t kern_scratch_xfloats(size_t cols)
 {
-    size_t c8 = (cols + KERN_KC - 1) / KERN_KC * KERN_KC * 8;
+    size_t c8 = (cols + KERN_KC_MAX - 1) / KERN_KC_MAX * KERN_KC_MAX * 8;
     return c8 > (size_t)KERN_XF ? c8 : (size_t)KERN_XF;
 }
 /* The per-thread scratch a matmul needs for a matrix of `cols` columns (64-byte aligned): the
@@ -98,7 +100,7 @@ static inline size_t kern_scratch_xfloats(size_t cols)
  * first `cols` floats for a decoded row). */
 static inline size_t kern_scratch_floats(size_t cols)
 {
-    return kern_scratch_xfloats(cols) + (size_t)KERN_RB * KERN_KC + (size_t)KERN_RB * KERN_TG * 16 + 64;
+    return kern_scratch_xfloats(cols) + (size_t)KERN_BLOCK + (size_t)KERN_RB * KERN_TG * 16 + 64;
 }
 
 extern const kern_ops kern_scalar;

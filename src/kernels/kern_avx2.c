@@ -217,6 +217,13 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
  * 2 x 6 (14 loads per 12 FMAs) of an FMA peak near 90. */
 #define TILE_MR 4
 #define TILE_NR 3
+/* Its block: 8 rows of 512 columns (16 KB, as 16 x 256) halve the tiles' loads and stores of
+ * their sums per FMA, and rows 2080 bytes apart keep a tile's four weight loads off one L1 bank;
+ * with the prefetch cursor's division gone, 3072 x 3584 BF16 at T = 16 went 0.53 -> 0.61 of the
+ * FMA peak (best of 8 alternated runs on the Zen host of 2026-12-03, bench/results/engine.md). */
+#define BLK_RB 8
+#define BLK_KC 512
+#define BLK_PAD 8
 
 /* T <= 4 fuses decode and FMA, in 8 accumulators (of the 16 ymm) whatever T: 4 rows x 1 token,
  * 2 x 2 or 1 x 3 and 1 x 4, each output two ymm. Each is eight independent FMA chains, as T = 1's
