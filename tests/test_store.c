@@ -731,6 +731,104 @@ TEST(store_guesses_are_credited_to_their_layer)
            (unsigned long long)ss.requests);
 }
 
+/* A device backend's side of the weight source (weight_src.held / adopt): the RAM copy of an
+ * expert the device holds is the first to make room, even before older ones; and an expert the
+ * device drops comes back into RAM with the bytes the backend copies in, so that asking for it
+ * again reads nothing. */
+static void copy_mat(const kmat *dst, const kmat *src)
+{
+    memcpy((void *)dst->data, src->data, wfmt_data_bytes(src->fmt, src->rows, src->cols));
+    if (wfmt_scale_bytes(src->fmt, src->rows, src->cols))
+        memcpy((void *)dst->scale, src->scale, wfmt_scale_bytes(src->fmt, src->rows, src->cols));
+}
+
+static int same_mat(const kmat *a, const kmat *b)
+{
+    size_t sb = wfmt_scale_bytes(a->fmt, a->rows, a->cols);
+    return !memcmp(a->data, b->data, wfmt_data_bytes(a->fmt, a->rows, a->cols)) &&
+           (!sb || !memcmp(a->scale, b->scale, sb));
+}
+
+/* the k-th routed expert of m, counted layer by layer: its id, and its layer in *layer */
+static int nth_expert(const model *m, int k, int *layer)
+{
+    for (int i = 0; i < m->hp.n_layers; i++) {
+        if (m->hp.ffn_kind[i] != FFN_MOE)
+            continue;
+        if (k < m->hp.n_experts) {
+            *layer = i;
+            return k;
+        }
+        k -= m->hp.n_experts;
+    }
+    return -1;
+}
+
+/* a pass asking for the k-th expert alone */
+static void request_nth(const model *m, const weight_src *xs, int k)
+{
+    int layer = 0, id = nth_expert(m, k, &layer);
+    CHECKF(id >= 0, "the model has fewer than %d experts", k + 1);
+    xs->pass_begin(xs->ctx, 1);
+    request_one(xs, layer, id);
+}
+
+TEST(store_device_held_experts_make_room_first)
+{
+    errbuf err;
+    model m;
+    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
+    store *st = open_store(&m, NULL, NULL, 8, 0, NULL, &err);
+    CHECKF(st, "%s", err.msg);
+    const weight_src *xs = store_weights(st);
+    int nx = store_slots(st), h = nx / 2, layer = 0, id;
+    CHECKF(nx >= 4, "%d slots", nx);
+    for (int k = 0; k < nx; k++) /* every slot full, expert nx - 1 the most recent */
+        request_nth(&m, xs, k);
+    for (int k = nx - h; k < nx; k++) { /* the device holds the newest h */
+        id = nth_expert(&m, k, &layer);
+        xs->held(xs->ctx, layer, id, 1);
+    }
+    for (int k = nx; k < nx + h; k++) /* h new ones take the held ones' slots, not the oldest */
+        request_nth(&m, xs, k);
+    store_stats_reset(st);
+    for (int k = 0; k < nx - h; k++)
+        request_nth(&m, xs, k);
+    store_stats ss;
+    store_stats_get(st, &ss);
+    CHECKF(ss.reads == 0 && ss.hits == (uint64_t)(nx - h), "%llu reads, %llu of %d hits (want 0 reads)",
+           (unsigned long long)ss.reads, (unsigned long long)ss.hits, nx - h);
+    /* the device drops expert nx - 1 (no longer in RAM): adopted with its own bytes, it is a hit */
+    mlp_w host, got;
+    int g;
+    store_stats_reset(st);
+    id = nth_expert(&m, 0, &layer);
+    CHECK(xs->adopt(xs->ctx, layer, id, &host) == 0); /* in RAM already: nothing to do */
+    int gone = nth_expert(&m, nx - 1, &layer);
+    xs->held(xs->ctx, layer, gone, 0);
+    CHECK(xs->adopt(xs->ctx, layer, gone, &host) == 1);
+    const mlp_w *src = &m.L[layer].moe.experts[gone];
+    copy_mat(&host.gate, &src->gate);
+    copy_mat(&host.up, &src->up);
+    copy_mat(&host.down, &src->down);
+    xs->adopted(xs->ctx, layer, gone, 1);
+    xs->pass_begin(xs->ctx, 1);
+    CHECKF(xs->begin(xs->ctx, layer, &gone, 1, &err) == 0, "%s", err.msg);
+    CHECKF(xs->next(xs->ctx, &g, &got, &err) == 1 && g == gone, "%s", err.msg);
+    CHECK(same_mat(&got.gate, &src->gate) && same_mat(&got.up, &src->up) && same_mat(&got.down, &src->down));
+    xs->release(xs->ctx, layer, gone);
+    /* an adoption whose copy failed leaves nothing behind: the expert is read again */
+    int lost = nth_expert(&m, nx + h, &layer);
+    CHECK(xs->adopt(xs->ctx, layer, lost, &host) == 1);
+    xs->adopted(xs->ctx, layer, lost, 0);
+    request_nth(&m, xs, nx + h);
+    store_stats_get(st, &ss);
+    store_free(st);
+    model_free(&m);
+    CHECKF(ss.reads == 1 && ss.hits == 1 && ss.adopted == 1, "%llu reads, %llu hits, %llu adopted (want 1, 1, 1)",
+           (unsigned long long)ss.reads, (unsigned long long)ss.hits, (unsigned long long)ss.adopted);
+}
+
 TEST(store_truncated_pack)
 {
     errbuf err;

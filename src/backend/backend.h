@@ -17,7 +17,8 @@
  *
  * Weights: each block takes its matrices from the layer_w it is given (the model's own, or a
  * weight store's streamed copy, b->xs); a device backend maps them onto its own copies, and keeps
- * the routed experts a store hands over in a cache of its own (backend_cfg.experts_streamed).
+ * the routed experts a store hands over in a cache of its own (backend_cfg.experts_streamed),
+ * telling the store which it holds and handing back those it drops (weight_src.held, adopt).
  */
 #ifndef DF_BACKEND_BACKEND_H
 #define DF_BACKEND_BACKEND_H

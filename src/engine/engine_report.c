@@ -80,6 +80,9 @@ void engine_report(engine *e, FILE *f, int tokens, double seconds)
             (unsigned long long)st.requests, st.bytes_needed ? (double)st.bytes_read / (double)st.bytes_needed : 0.0,
             st.stall_s, (unsigned long long)st.max_reads_blob_pass, (unsigned long long)st.prefetch_reads,
             (unsigned long long)st.prefetch_hits, (unsigned long long)(st.reads - st.prefetch_reads));
+    if (st.adopted)
+        fprintf(f, "[stats] device: %llu experts the GPU dropped went back into RAM, not to the drive\n",
+                (unsigned long long)st.adopted);
     io_engine *io = store_io(e->store);
     for (int d = 0; d < store_ndrives(e->store); d++) {
         io_drive_stats ds;

@@ -79,6 +79,17 @@ typedef struct weight_src {
      * source lives (a device backend registers it, so that its copies to the device run
      * asynchronously from pinned memory) */
     void (*memory)(void *ctx, void **base, size_t *bytes);
+    /* optional, for a device backend's own expert cache, so that device memory and the source's
+     * RAM hold different experts (a hierarchy: device, RAM, drive):
+     *   held: the backend now keeps (on = 1) or no longer keeps (0) a copy of expert (layer, id);
+     *     the source's copy of a held expert is the first to make room for another;
+     *   adopt: the backend is dropping (layer, id): 1 with *mats, host matrices of the source's
+     *     own for the backend to copy the expert's bytes into before it calls adopted (ok = 1: the
+     *     copy landed; 0: it failed, and the source forgets them), so that the expert stays in
+     *     RAM and is not read from the drive again; 0 when the source has it already or no room */
+    void (*held)(void *ctx, int layer, int id, int on);
+    int (*adopt)(void *ctx, int layer, int id, mlp_w *mats);
+    void (*adopted)(void *ctx, int layer, int id, int ok);
 } weight_src;
 
 typedef struct blk {

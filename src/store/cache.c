@@ -9,6 +9,7 @@
  * slots hold the next streamed layers, read ahead with prefetch on.
  * Only the engine's compute thread calls into the store.
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ struct store {
                            any of them may be the one read) */
     uint8_t *bad_copy;  /* [nblobs] bit c: a read of copy c failed or mismatched: reads avoid it */
     uint32_t *heat;  /* [nblobs] routing counts */
+    uint8_t *held;   /* [nblobs] 1: a device backend holds its own copy (weight_src.held) */
     XXH3_state_t *sum; /* a streamed blob's check (cfg.fetch): made at open, so a pass allocates nothing */
     layer_w *spine_L; /* [ns] each spine slot's layer, bound to the slot's image */
     int *spine_bound;  /* [ns] the blob spine_L[k - nx] is bound to (-1: none yet): bound once a load */
@@ -269,10 +271,11 @@ static int issue(store *s, int k, int b, uint64_t for_pass, errbuf *err)
     return 0;
 }
 
-/* an unpinned, not loading slot to reuse: empty first, then the least routed expert, then the
- * least recently used. Experts prefetched and not yet asked for are kept while anything else can
- * go (evicting one would read it twice in a pass); prefetch itself never takes them. Slots an
- * earlier layer of this pass used may go: no pass asks for a blob twice. */
+/* an unpinned, not loading slot to reuse: empty first, then one a device backend holds a copy of
+ * (this one is redundant), then the least routed expert, then the least recently used. Experts
+ * prefetched and not yet asked for are kept while anything else can go (evicting one would read
+ * it twice in a pass); prefetch itself never takes them. Slots an earlier layer of this pass used
+ * may go: no pass asks for a blob twice. */
 static int victim_pass(store *s, int spare_prefetched)
 {
     int best = -1;
@@ -287,8 +290,9 @@ static int victim_pass(store *s, int spare_prefetched)
         if (best < 0)
             best = k;
         else {
+            int db = s->held[s->sl[best].blob], dk = s->held[sl->blob];
             uint32_t hb = s->heat[s->sl[best].blob], hk = s->heat[sl->blob];
-            if (hk < hb || (hk == hb && sl->stamp < s->sl[best].stamp))
+            if (dk > db || (dk == db && (hk < hb || (hk == hb && sl->stamp < s->sl[best].stamp))))
                 best = k;
         }
     }
@@ -753,7 +757,7 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
         int v = victim(s, 1);
         if (v < 0)
             return;
-        if (s->sl[v].blob >= 0 && s->heat[s->sl[v].blob] > 2 * s->heat[b] + 2)
+        if (s->sl[v].blob >= 0 && !s->held[s->sl[v].blob] && s->heat[s->sl[v].blob] > 2 * s->heat[b] + 2)
             continue; /* a guess does not displace an expert routed more often than it */
         if (issue(s, v, b, s->pass, &err) != 0)
             return; /* a hint: the demand path will report real errors */
@@ -763,6 +767,60 @@ static void xs_prefetch(void *ctx, int layer, const int *ids, int n)
     }
     while (reap(s, 0, &err) == 1) { /* collect what already landed */
     }
+}
+
+static void xs_held(void *ctx, int layer, int id, int on)
+{
+    store *s = ctx;
+    int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + id];
+    if (b >= 0)
+        s->held[b] = (uint8_t)(on != 0);
+}
+
+/* A device backend's dropped expert into a slot of its own (a redundant or cold one), its bytes
+ * copied back by the backend: no read. Never while an item of the request waits for a slot (the
+ * slot is that item's), nor over a guess in flight or ready (prefetched slots are kept). The
+ * image's bytes between its matrices are not restored: nothing reads them, and the blob was
+ * checked when it first entered the cache (its bits come from that copy). */
+static int xs_adopt(void *ctx, int layer, int id, mlp_w *mats)
+{
+    store *s = ctx;
+    int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + id];
+    if (b < 0 || s->blob_slot[b] >= 0)
+        return 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->items_state[i] == R_WAIT)
+            return 0;
+    int v = victim(s, 1);
+    if (v < 0)
+        return 0;
+    slot *sl = &s->sl[v];
+    if (sl->blob >= 0)
+        s->blob_slot[sl->blob] = -1;
+    sl->blob = b;
+    sl->state = S_LOADING; /* until adopted: no request can be handed it (none runs meanwhile) */
+    sl->reads_left = 0;
+    sl->bad = 0;
+    sl->copy = -1;
+    sl->prefetched = 0;
+    sl->stamp = ++s->clock;
+    s->blob_slot[b] = v;
+    blob_bind_expert(&s->bt, s->m, b, slot_mem(s, v), mats);
+    return 1;
+}
+
+static void xs_adopted(void *ctx, int layer, int id, int ok)
+{
+    store *s = ctx;
+    int b = s->bt.expert_blob[(size_t)layer * s->bt.n_experts + id];
+    int k = b >= 0 ? s->blob_slot[b] : -1;
+    assert(k >= 0 && s->sl[k].state == S_LOADING && s->sl[k].reads_left == 0);
+    if (!ok) {
+        slot_drop(s, k);
+        return;
+    }
+    s->sl[k].state = S_READY;
+    s->st.adopted++;
 }
 
 static void xs_pass_begin(void *ctx, int tokens)
@@ -820,6 +878,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     s->verified = calloc((size_t)nb, 1);
     s->bad_copy = calloc((size_t)nb, 1);
     s->heat = calloc((size_t)nb, sizeof *s->heat);
+    s->held = calloc((size_t)nb, 1);
     s->read_pass = calloc((size_t)nb, sizeof *s->read_pass);
     s->reads_in_pass = calloc((size_t)nb, sizeof *s->reads_in_pass);
     s->ids = malloc(sizeof(int) * (size_t)ne);
@@ -839,7 +898,7 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     }
     if (s->cfg.fetch)
         s->sum = XXH3_createState();
-    if (!s->sl || !s->spine_L || !s->spine_bound || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->read_pass ||
+    if (!s->sl || !s->spine_L || !s->spine_bound || !s->blob_slot || !s->verified || !s->bad_copy || !s->heat || !s->held || !s->read_pass ||
         !s->reads_in_pass || !s->ids || !s->items_blob || !s->items_state || !s->mem || (s->cfg.fetch && !s->sum)) {
         store_free(s);
         return errbuf_set(err, "store: out of memory for %d expert and %d spine slots", s->nx, s->ns);
@@ -912,7 +971,10 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
                          .release = xs_release,
                          .prefetch = cfg->prefetch ? xs_prefetch : NULL,
                          .pass_begin = xs_pass_begin,
-                         .memory = xs_memory};
+                         .memory = xs_memory,
+                         .held = xs_held,
+                         .adopt = xs_adopt,
+                         .adopted = xs_adopted};
     *out = s;
     return 0;
 }
@@ -938,6 +1000,7 @@ void store_free(store *s)
     XXH3_freeState(s->sum);
     free(s->bad_copy);
     free(s->heat);
+    free(s->held);
     free(s->read_pass);
     free(s->reads_in_pass);
     free(s->ids);

@@ -96,6 +96,8 @@ typedef struct store_stats {
     double stall_s;                   /* time passes waited for expert reads */
     uint64_t copy_failures;           /* reads that failed or mismatched their checksum and were read
                                          again from another copy (mirrors): a bad copy to repair */
+    uint64_t adopted;                 /* experts a device backend dropped and copied back into RAM
+                                         (weight_src.adopt) instead of losing them */
     /* streamed spines */
     uint64_t spine_requests, spine_hits;  /* layers taken, and how many were already in a slot */
     uint64_t spine_reads, spine_bytes_read, spine_prefetch_reads, spine_prefetch_hits;

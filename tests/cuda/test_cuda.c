@@ -523,6 +523,102 @@ static void vram_case(const char *name, int prefetch)
     CHECKF(!prefetch || ss.prefetch_reads > 0, "%s: the router lookahead started no reads", name);
 }
 
+/* a GPU engine over store st with a VRAM budget of `budget` bytes, and its expert slots in *slots
+ * (NULL when the budget holds fewer than two) */
+static engine *gpu_over(const model *m, store *st, uint64_t budget, int *slots, errbuf *err)
+{
+    engine_opts o;
+    engine_opts_default(&o);
+    o.threads = 2;
+    o.device = "cuda";
+    o.vram_budget = budget;
+    engine *e = NULL;
+    if (engine_wrap(m, st, &o, &e, err) != 0)
+        return NULL;
+    uint64_t hits, misses;
+    int pinned;
+    backend_cuda_stats(e->be_dev, &hits, &misses, slots, &pinned);
+    return e;
+}
+
+/* VRAM and RAM hold different experts: with V VRAM slots and R RAM slots, each below the model's
+ * experts but together more than all of them (V + R >= all + 2 top_k: room for a layer's pinned
+ * ones), the second run of the same tokens reads nothing from the drive. The GPU's dropped experts
+ * went back into RAM (weight_src.adopt) and RAM made room with the ones the GPU holds
+ * (weight_src.held); with two caches that each kept what they last saw, a second run rereads
+ * what neither kept. The logits stay the resident CPU's. */
+static void exclusive_case(const char *name)
+{
+    NEED_GPU();
+    errbuf err;
+    model m;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
+    blob_table bt;
+    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
+    uint64_t X = bt.max_expert, spine = bt.spine_bytes;
+    int all = 0, K = m.hp.top_k;
+    for (int i = 0; i < m.hp.n_layers; i++)
+        all += m.hp.ffn_kind[i] == FFN_MOE ? m.hp.n_experts : 0;
+    store_cfg c;
+    memset(&c, 0, sizeof c);
+    io_cfg_default(&c.io);
+    c.ram_budget = spine + (uint64_t)(all / 2 + 2 * K) * (X + 4096);
+    c.verify = 1;
+    store *st = NULL;
+    int opened = store_open(&st, &m, &bt, NULL, &c, &err) == 0, R = opened ? store_slots(st) : 0;
+    engine *cpu = opened ? dev_engine(&m, "cpu", &err) : NULL, *gpu = NULL;
+    /* the least VRAM budget that gives all - R + 3 top_k slots (below all), found by bisection:
+     * what a slot takes on the device is the backend's business */
+    int want_v = all - R + 3 * K < all ? all - R + 3 * K : all - 1, V = 0;
+    uint64_t lo = spine, hi = spine + spine / 2 + (uint64_t)all * 2 * (X + 4096);
+    while (cpu && lo + 4096 < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        engine *e = gpu_over(&m, st, mid, &V, &err);
+        if (e && V >= want_v)
+            hi = mid;
+        else
+            lo = mid;
+        engine_free(e);
+    }
+    if (cpu)
+        gpu = gpu_over(&m, st, hi, &V, &err);
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 6151 + 11) % m.hp.vocab);
+    size_t Vb = (size_t)m.hp.vocab;
+    float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
+    float *g1 = want ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
+    store_stats s1 = {0}, s2 = {0};
+    if (g1) {
+        store_stats_get(st, &s1);
+        store_stats_reset(st);
+    }
+    float *g2 = g1 ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
+    if (g2)
+        store_stats_get(st, &s2);
+    int same = g2 && !memcmp(g1, want, sizeof(float) * N * Vb) && !memcmp(g2, want, sizeof(float) * N * Vb);
+    free(want);
+    free(g1);
+    free(g2);
+    engine_free(gpu);
+    engine_free(cpu);
+    store_free(st);
+    model_free(&m);
+    CHECKF(gpu, "%s: %s", name, err.msg);
+    CHECKF(same, "%s: the GPU over VRAM and RAM differs from the resident CPU (%s)", name, err.msg);
+    CHECKF(V < all && R < all && V + R >= all + 2 * K, "%s: %d VRAM and %d RAM slots for %d experts", name, V, R,
+           all);
+    CHECKF(s2.reads == 0, "%s: the second run read %llu experts from the drive (%d VRAM, %d RAM slots, %d experts; "
+           "%llu adopted in the first run)", name, (unsigned long long)s2.reads, V, R, all,
+           (unsigned long long)s1.adopted);
+    CHECKF(s1.adopted > 0, "%s: the first run's dropped experts never went back into RAM", name);
+}
+
+TEST(cuda_backend_vram_ram_exclusive_kimi_k3) { exclusive_case("kimi_k3-a"); }
+TEST(cuda_backend_vram_ram_exclusive_qwen3_moe) { exclusive_case("qwen3_moe-a"); }
 TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a", 0); }
 TEST(cuda_backend_vram_tier_lookahead_kimi_k3) { vram_case("kimi_k3-a", 1); }
 TEST(cuda_backend_vram_tier_qwen3_moe) { vram_case("qwen3_moe-a", 0); }

@@ -15,6 +15,9 @@
  * not in a least-recently-used cache of device slots (sized by --vram-budget) come through the
  * store, copied on a stream of their own from its registered slot memory while the GPU computes
  * (moe_streamed), and the router lookahead (cuda_guess) starts the store's reads a layer ahead.
+ * The two caches hold different experts: the store is told which experts VRAM holds (its RAM copies
+ * of those make room first), and an expert VRAM drops is copied back into the store's RAM
+ * (slot_give_back) instead of being read from the drive again.
  * The session's pass arena, caches, recurrent state and commit log are device memory (mem_alloc).
  * The host buffers here and the device buffers beyond the arena grow only when a pass needs more
  * than any before, so a decode step allocates nothing.
@@ -806,6 +809,40 @@ static void moe_add(moe_run *r, int ex, int slot, const mlp_w *m)
         moe_flush(r);
 }
 
+/* copies device matrix w (on the device) back into host matrix h of the same shape, on stream st */
+static void mat_get_async(const kmat *h, const kmat *w, cudaStream_t st)
+{
+    assert(h->fmt == w->fmt && h->rows == w->rows && h->cols == w->cols);
+    size_t db = wfmt_data_bytes(w->fmt, w->rows, w->cols), sb = wfmt_scale_bytes(w->fmt, w->rows, w->cols);
+    cudaMemcpyAsync((void *)h->data, w->data, db, cudaMemcpyDeviceToHost, st);
+    if (sb)
+        cudaMemcpyAsync((void *)h->scale, w->scale, sb, cudaMemcpyDeviceToHost, st);
+}
+
+/* Expert (layer, e) leaves VRAM slot k. The source no longer counts it as held, and takes its
+ * bytes back into RAM when it has room for them (weight_src.adopt): copied on the copy stream once
+ * the kernels that read the slot have run, the host waiting for that copy (the slot is refilled
+ * next; the wait is one expert's PCIe transfer), so that an expert the GPU drops is not read from
+ * the drive again. Device memory and RAM then hold different experts: the hierarchy the issue's
+ * planner asks for (VRAM, then RAM, then the drive). */
+static void slot_give_back(cuda_dev *d, const weight_src *xs, int k, int layer, int e)
+{
+    if (xs->held)
+        xs->held(xs->ctx, layer, e, 0);
+    mlp_w h;
+    if (!xs->adopt || xs->adopt(xs->ctx, layer, e, &h) != 1)
+        return;
+    const mlp_w *dm = &d->xs[k].mats;
+    cudaStreamWaitEvent(d->cp, d->xs[k].done, 0);
+    mat_get_async(&h.gate, &dm->gate, d->cp);
+    mat_get_async(&h.up, &dm->up, d->cp);
+    mat_get_async(&h.down, &dm->down, d->cp);
+    cudaError_t er = cudaEventRecord(d->xs[k].filled, d->cp); /* (the refill records it again) */
+    if (er == cudaSuccess)
+        er = cudaEventSynchronize(d->xs[k].filled);
+    xs->adopted(xs->ctx, layer, e, er == cudaSuccess);
+}
+
 /* Copies expert (layer, e), which the source handed over in host memory, into the least recently
  * used VRAM slot, on the copy stream; the slot. */
 static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
@@ -823,8 +860,10 @@ static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
             pend_release(d, r->b, layer, i + 1);
             break;
         }
-    if (d->xs[k].key >= 0)
+    if (d->xs[k].key >= 0) {
         d->slot_of[d->xs[k].key] = -1;
+        slot_give_back(d, r->b->xs, k, d->xs[k].key / d->n_experts, d->xs[k].key % d->n_experts);
+    }
     cudaStreamWaitEvent(d->cp, d->xs[k].done, 0);
     uint8_t *at = d->slots + (size_t)k * d->slot_bytes;
     d->xs[k].mats.gate = mat_put_async(&host->gate, &at, d->cp);
@@ -835,6 +874,8 @@ static int slot_fill(moe_run *r, int layer, int e, const mlp_w *host)
     d->xs[k].used = ++d->tick;
     d->slot_of[d->xs[k].key] = k;
     d->misses++;
+    if (r->b->xs->held)
+        r->b->xs->held(r->b->xs->ctx, layer, e, 1);
     return k;
 }
 
