@@ -453,6 +453,57 @@ TEST(cuda_backend_commit_kimi_k3) { commit_case("kimi_k3-a"); }
 TEST(cuda_backend_commit_kimi_linear) { commit_case("kimi_linear-a"); }
 TEST(cuda_backend_commit_qwen3) { commit_case("qwen3-a"); }
 
+/* a GPU engine over store st with a VRAM budget of `budget` bytes, and its expert slots in *slots
+ * (NULL when the budget holds fewer than two) */
+static engine *gpu_over(const model *m, store *st, uint64_t budget, int *slots, errbuf *err)
+{
+    engine_opts o;
+    engine_opts_default(&o);
+    o.threads = 2;
+    o.device = "cuda";
+    o.vram_budget = budget;
+    engine *e = NULL;
+    if (engine_wrap(m, st, &o, &e, err) != 0)
+        return NULL;
+    uint64_t hits, misses;
+    int pinned;
+    backend_cuda_stats(e->be_dev, &hits, &misses, slots, &pinned);
+    return e;
+}
+
+/* A weight store over oracle case `name` (m loaded from it) that keeps every spine resident and
+ * `ram_experts(&m->hp)` expert slots' worth of RAM besides (the planner rounds): NULL with err set
+ * when it cannot open. *X, *spine: the largest expert's and the spines' bytes. */
+static store *oracle_store(const char *name, model *m, int (*ram_experts)(const hparams *), int prefetch,
+                           uint64_t *X, uint64_t *spine, errbuf *err)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
+    if (model_load(m, dir, err) != 0)
+        return NULL;
+    blob_table bt;
+    if (blob_table_build(&bt, m, err) != 0) {
+        model_free(m);
+        return NULL;
+    }
+    *X = bt.max_expert;
+    *spine = bt.spine_bytes;
+    store_cfg c;
+    memset(&c, 0, sizeof c);
+    io_cfg_default(&c.io);
+    c.ram_budget = *spine + (uint64_t)ram_experts(&m->hp) * (*X + 4096);
+    c.verify = 1;
+    c.prefetch = prefetch; /* the GPU's router lookahead (cuda_guess) then starts reads */
+    store *st = NULL;
+    if (store_open(&st, m, &bt, NULL, &c, err) != 0) {
+        model_free(m);
+        return NULL;
+    }
+    return st;
+}
+
+static int two_layers_and_four(const hparams *hp) { return 2 * hp->top_k + 4; }
+
 /* The VRAM tier: a weight store keeps every spine in RAM and streams the routed experts; the GPU
  * holds the spines and a cache of a few experts (--vram-budget: the spine and about four expert
  * slots, far below the model's experts), refilled least recently used first. The logits are the
@@ -463,30 +514,12 @@ static void vram_case(const char *name, int prefetch)
     NEED_GPU();
     errbuf err;
     model m;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
-    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
-    blob_table bt;
-    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
-    uint64_t X = bt.max_expert, spine = bt.spine_bytes;
-    store_cfg c;
-    memset(&c, 0, sizeof c);
-    io_cfg_default(&c.io);
-    c.ram_budget = spine + (uint64_t)(2 * m.hp.top_k + 4) * (X + 4096); /* every spine stays resident */
-    c.verify = 1;
-    c.prefetch = prefetch; /* the GPU's router lookahead (cuda_guess) then starts reads */
-    store *st = NULL;
-    int opened = store_open(&st, &m, &bt, NULL, &c, &err) == 0;
-    engine *cpu = opened ? dev_engine(&m, "cpu", &err) : NULL, *gpu = NULL;
-    if (cpu) {
-        engine_opts o;
-        engine_opts_default(&o);
-        o.threads = 2;
-        o.device = "cuda";
-        o.vram_budget = spine + spine / 8 + 4 * (X + 4096);
-        if (engine_wrap(&m, st, &o, &gpu, &err) != 0)
-            gpu = NULL;
-    }
+    uint64_t X, spine;
+    store *st = oracle_store(name, &m, two_layers_and_four, prefetch, &X, &spine, &err);
+    CHECKF(st, "%s: %s", name, err.msg);
+    int slots = 0;
+    engine *cpu = dev_engine(&m, "cpu", &err);
+    engine *gpu = cpu ? gpu_over(&m, st, spine + spine / 8 + 4 * (X + 4096), &slots, &err) : NULL;
     enum { N = 24 };
     int32_t ids[N];
     for (int i = 0; i < N; i++)
@@ -499,7 +532,7 @@ static void vram_case(const char *name, int prefetch)
     int same = gn && !memcmp(g1, want, sizeof(float) * N * V) && !memcmp(g5, want, sizeof(float) * N * V) &&
                !memcmp(gn, want, sizeof(float) * N * V);
     uint64_t hits = 0, misses = 0;
-    int slots = 0, pinned = 0;
+    int pinned = 0;
     store_stats ss = {0};
     if (gpu) {
         backend_cuda_stats(gpu->be_dev, &hits, &misses, &slots, &pinned);
@@ -523,52 +556,33 @@ static void vram_case(const char *name, int prefetch)
     CHECKF(!prefetch || ss.prefetch_reads > 0, "%s: the router lookahead started no reads", name);
 }
 
-/* a GPU engine over store st with a VRAM budget of `budget` bytes, and its expert slots in *slots
- * (NULL when the budget holds fewer than two) */
-static engine *gpu_over(const model *m, store *st, uint64_t budget, int *slots, errbuf *err)
-{
-    engine_opts o;
-    engine_opts_default(&o);
-    o.threads = 2;
-    o.device = "cuda";
-    o.vram_budget = budget;
-    engine *e = NULL;
-    if (engine_wrap(m, st, &o, &e, err) != 0)
-        return NULL;
-    uint64_t hits, misses;
-    int pinned;
-    backend_cuda_stats(e->be_dev, &hits, &misses, slots, &pinned);
-    return e;
-}
-
 /* VRAM and RAM hold different experts: with V VRAM slots and R RAM slots, each below the model's
  * experts but together more than all of them (V + R >= all + 2 top_k: room for a layer's pinned
  * ones), the second run of the same tokens reads nothing from the drive. The GPU's dropped experts
  * went back into RAM (weight_src.adopt) and RAM made room with the ones the GPU holds
  * (weight_src.held); with two caches that each kept what they last saw, a second run rereads
  * what neither kept. The logits stay the resident CPU's. */
+/* the routed experts of all MoE layers */
+static int routed_experts(const hparams *hp)
+{
+    int all = 0;
+    for (int i = 0; i < hp->n_layers; i++)
+        all += hp->ffn_kind[i] == FFN_MOE ? hp->n_experts : 0;
+    return all;
+}
+
+static int half_and_two_layers(const hparams *hp) { return routed_experts(hp) / 2 + 2 * hp->top_k; }
+
 static void exclusive_case(const char *name)
 {
     NEED_GPU();
     errbuf err;
     model m;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
-    CHECKF(model_load(&m, dir, &err) == 0, "%s: %s", name, err.msg);
-    blob_table bt;
-    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
-    uint64_t X = bt.max_expert, spine = bt.spine_bytes;
-    int all = 0, K = m.hp.top_k;
-    for (int i = 0; i < m.hp.n_layers; i++)
-        all += m.hp.ffn_kind[i] == FFN_MOE ? m.hp.n_experts : 0;
-    store_cfg c;
-    memset(&c, 0, sizeof c);
-    io_cfg_default(&c.io);
-    c.ram_budget = spine + (uint64_t)(all / 2 + 2 * K) * (X + 4096);
-    c.verify = 1;
-    store *st = NULL;
-    int opened = store_open(&st, &m, &bt, NULL, &c, &err) == 0, R = opened ? store_slots(st) : 0;
-    engine *cpu = opened ? dev_engine(&m, "cpu", &err) : NULL, *gpu = NULL;
+    uint64_t X, spine;
+    store *st = oracle_store(name, &m, half_and_two_layers, 0, &X, &spine, &err);
+    CHECKF(st, "%s: %s", name, err.msg);
+    int all = routed_experts(&m.hp), K = m.hp.top_k, R = store_slots(st);
+    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = NULL;
     /* the least VRAM budget that gives all - R + 3 top_k slots (below all), found by bisection:
      * what a slot takes on the device is the backend's business */
     int want_v = all - R + 3 * K < all ? all - R + 3 * K : all - 1, V = 0;
