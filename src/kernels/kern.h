@@ -84,8 +84,8 @@ enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
  * caller's scratch: rows go in blocks of KERN_RB and columns in blocks of KERN_KC, each block's
  * weights decoded once into scratch and reduced against up to KERN_TG tokens, whose seq16 partial
  * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. A table
- * may choose a block of fewer rows and longer, padded rows (AVX2: 8 x 512, rows 32 bytes apart
- * from the next 1 KB boundary), within KERN_KC_MAX columns and KERN_BLOCK floats. A group's
+ * may choose a block of fewer rows and longer, padded rows (AVX2: 8 x 512, rows 2080 bytes apart),
+ * within KERN_KC_MAX columns and KERN_BLOCK floats. A group's
  * activations are first copied into column-block panels (4-bit formats: in lane order),
  * KERN_XF floats of them (fewer tokens per group for long rows, never fewer than 8 rows of
  * activations, rounded up to whole column blocks). */
