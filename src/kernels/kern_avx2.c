@@ -219,8 +219,9 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 #define TILE_NR 3
 /* Its block: 8 rows of 512 columns (16 KB, as 16 x 256) halve the tiles' loads and stores of
  * their sums per FMA, and rows 2080 bytes apart keep a tile's four weight loads off one L1 bank;
- * with the prefetch cursor's division gone, 3072 x 3584 BF16 at T = 16 went 0.53 -> 0.61 of the
- * FMA peak (best of 8 alternated runs on the Zen host of 2026-12-03, bench/results/engine.md). */
+ * with the prefetch cursor's division gone, bench_gemv's 3584 x 3072 BF16 at T = 16 went from
+ * 0.39-0.43 to 0.46-0.54 of the FMA peak on one core of the Zen host of 2026-12-03
+ * (bench/results/matmul-avx2-block8x512-2026-12-03.log). */
 #define BLK_RB 8
 #define BLK_KC 512
 #define BLK_PAD 8
