@@ -36,6 +36,7 @@ typedef struct qwen {
     char *text;                  /* bytes of target tokens */
     size_t text_cap;
     int chat_mode;
+    double share;                /* the weights a position uses in its model over the target's (qw_cost) */
 } qwen;
 
 /* the bytes of target tokens seq[a..b) into q->text; returns the length or -1 */
@@ -221,7 +222,7 @@ static int qw_begin(drafter *d, const json_t *messages, int thinking, errbuf *er
 static double qw_cost(drafter *d, int n, int k, double *once)
 {
     qwen *q = (qwen *)d;
-    double r = (double)engine_active_bytes(q->qe) / (double)(engine_active_bytes(q->target) + 1);
+    double r = q->share;
     int seen = q->enc_base + (int)q->cov.n, unseen = n > seen ? n - seen : 0;
     *once = r * (unseen + (q->chat_mode && session_len(q->qs) == 0 ? (int)q->chat.n : 0));
     return r * (k + QW_EXTRA);
@@ -277,6 +278,8 @@ int draft_qwen_new(const draft_ctx *c, const char *dir, drafter **out, errbuf *e
     so.ckpt_budget = 0; /* no recurrent state: every prefix is free to return to */
     if (session_new(q->qe, &so, &q->qs, err) != 0)
         goto out;
+    /* computed once: it walks every bound tensor of both models, and the economics asks each step */
+    q->share = (double)engine_active_bytes(q->qe) / (double)(engine_active_bytes(q->target) + 1);
     q->d = (drafter){.name = "qwen", .propose = qw_propose, .feedback = qw_feedback, .reset = qw_reset, .free = qw_free,
                        .begin = qw_begin, .cost = qw_cost};
     *out = &q->d;
