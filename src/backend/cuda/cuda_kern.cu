@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * each 16-byte group, so that it reads eight codes as one word and decodes them with shifts and
  * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
- * the activations cost more than they saved (bench/results/cuda.md). The block's
+ * the activations cost more than they saved (bench/results/cuda.md). (MXFP4 at T <= 2 now takes
+ * k_gvx below wherever it fits, the same lanes without the staging.) The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -339,9 +340,9 @@ __device__ __forceinline__ void quad_store(float (&acc)[4][TT], int r, int r0, i
 /* One row's 32-column group for a thread of four lanes: lane 4q + i adds its even column
  * (byte i's low nibble) and then its odd one, for every token. */
 template <int FMT, bool FAST, int TT>
-__device__ __forceinline__ void nib_group(uint32_t word, float sc, const float (&xv)[TT][8], float (&acc)[4][TT])
+__device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, const float (&xv)[TT][8],
+                                          float (&acc)[4][TT])
 {
-    const float s126 = sc * 0x1p126f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float lo, hi;
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
                         xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
                         xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
                     }
-                    nib_group<FMT, decltype(fast_c)::value, TT>(rw32[4 * g], sc[g], xv, acc);
+                    nib_group<FMT, decltype(fast_c)::value, TT>(rw32[4 * g], sc[g], sc[g] * 0x1p126f, xv, acc);
                 }
             };
             if (fast)
@@ -548,9 +549,197 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
     k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
 }
 
+/* MXFP4 at T <= 2, rows streamed (k_gvx). The same lanes and order as k_gemv's four-lane path,
+ * without its shared-memory staging of the weights: a row belongs to GX_TPR threads, thread h
+ * holding seq16's lanes LPT h .. LPT h + LPT - 1 (LPT = 16 / GX_TPR), whose bytes are bytes
+ * LPT h .. of each 16-byte group of 32 columns, so that it loads them straight from global memory,
+ * one column block (512 columns, 16 groups) ahead, with the block's 16 scale bytes in one 16-byte
+ * read. The activations of the whole row (T x cols floats) are copied into shared memory once, so
+ * that the loop over column blocks has no barrier. A block of GX_WARPS warps covers
+ * GX_WARPS x 32 / GX_TPR rows. Matrices it does not fit (gx_fits) take k_gemv.
+ * Measured (bench/results/cuda.md, 2026-12-03): four threads to a row, four warps to a block and at
+ * most 96 registers (GX_MINB = 5 blocks to an SM) beat two threads to a row, eight warps, 64, 80 or
+ * 128 registers, and the 233 that ptxas takes unbounded; an L2 prefetch two blocks ahead changed
+ * nothing. GX_XMAX: the most activation floats (T x cols) a block holds, 64 KB. */
+enum { GX_TPR = 4, GX_WARPS = 4, GX_MINB = 5, GX_XMAX = 16384 };
+
+template <int TT>
+static bool gx_fits(const cudak_mm *m)
+{
+    const kmat *w = &m->w;
+    return w->fmt == WF_MXFP4 && w->cols % 512 == 0 && (size_t)TT * (size_t)w->cols <= GX_XMAX &&
+           w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0 && w->scale_stride % 16 == 0 &&
+           (uintptr_t)w->scale % 16 == 0 && (uintptr_t)m->x % 16 == 0 && (m->T == 1 || m->ldx % 4 == 0);
+}
+
+/* the words of one group a thread reads: LPT bytes at byte LPT h of the group's 16 */
+template <int WPG> struct gx_words {
+    uint32_t v[WPG];
+};
+
+template <int WPG> __device__ __forceinline__ gx_words<WPG> gx_load(const uint8_t *p)
+{
+    gx_words<WPG> r;
+    if constexpr (WPG == 1) {
+        r.v[0] = __ldg((const uint32_t *)p);
+    } else if constexpr (WPG == 2) {
+        uint2 u = __ldg((const uint2 *)p);
+        r.v[0] = u.x, r.v[1] = u.y;
+    } else {
+        uint4 u = __ldg((const uint4 *)p);
+        r.v[0] = u.x, r.v[1] = u.y, r.v[2] = u.z, r.v[3] = u.w;
+    }
+    return r;
+}
+
+template <int TT, int N>
+__global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> set)
+{
+    extern __shared__ __align__(16) float gx_xs[]; /* [TT][cols] */
+    int ei = 0;
+    if constexpr (N > 1)
+        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
+            ei++;
+    const kmat w = set.e[ei].m.w;
+    const float *__restrict__ x = set.e[ei].m.x;
+    float *__restrict__ y = set.e[ei].m.y;
+    const size_t ldx = set.e[ei].m.ldx, ldy = set.e[ei].m.ldy;
+    const int r0 = set.e[ei].m.r0, r1 = set.e[ei].m.r1, T = set.e[ei].m.T, bx = (int)blockIdx.x - set.e[ei].nb0;
+    constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16, NT = 32 * GX_WARPS;
+    const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = tl % TPR, r = r0 + (bx * GX_WARPS + warp) * RPW + tl / TPR, rl = r < r1 ? r : r1 - 1;
+    const uint8_t *rowp = w.data + (size_t)rl * w.row_bytes + LPT * h;
+    const uint8_t *scp = w.scale + (size_t)rl * w.scale_stride;
+    gx_words<WPG> wa[NG], wb[NG];
+    uint4 sa, sb;
+    auto load = [&](int blk, gx_words<WPG>(&buf)[NG], uint4 &s) {
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            buf[g] = gx_load<WPG>(rowp + (size_t)blk * 256 + 16 * g);
+        s = __ldg((const uint4 *)(scp + (size_t)blk * 16));
+    };
+    load(0, wa, sa);
+    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
+        int k = e / cols, c = e % cols;
+        if (k < T)
+            __pipeline_memcpy_async(gx_xs + e, x + (size_t)k * ldx + c, 16);
+        else
+            *(float4 *)(gx_xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    float acc[WPG][4][TT];
+#pragma unroll
+    for (int j = 0; j < WPG; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int k = 0; k < TT; k++)
+                acc[j][i][k] = 0.0f;
+    /* block blk's 16 groups, its scale bytes s (dtype.c's e8m0 value, with d_nib's one multiply when
+     * every scale byte is below 128: then sc x 2^126 = 2^(s - 1) is the float of bits (s + 126) << 23,
+     * 2^-1 for s = 0 whose value is 2^-127) */
+    auto compute = [&](int blk, const gx_words<WPG>(&buf)[NG], uint4 s) {
+        const float *xb = gx_xs + (size_t)blk * 512 + 2 * LPT * h;
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        auto groups = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
+                float sc = FAST ? 0.0f : d_e8m0(sb8), s126 = FAST ? __uint_as_float((sb8 + 126u) << 23) : 0.0f;
+#pragma unroll
+                for (int j = 0; j < WPG; j++) {
+                    float xv[TT][8];
+#pragma unroll
+                    for (int k = 0; k < TT; k++) {
+                        float4 a = *(const float4 *)(xb + k * cols + 32 * g + 8 * j);
+                        float4 c = *(const float4 *)(xb + k * cols + 32 * g + 8 * j + 4);
+                        xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
+                        xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
+                    }
+                    nib_group<WF_MXFP4, FAST, TT>(buf[g].v[j], sc, s126, xv, acc[j]);
+                }
+            }
+        };
+        if (((s.x | s.y | s.z | s.w) & 0x80808080u) == 0)
+            groups(std::true_type());
+        else
+            groups(std::false_type());
+    };
+    int b = 0;
+    for (; b + 2 <= nblk; b += 2) {
+        load(b + 1, wb, sb);
+        compute(b, wa, sa);
+        if (b + 2 < nblk)
+            load(b + 2, wa, sa);
+        compute(b + 1, wb, sb);
+    }
+    if (b < nblk)
+        compute(b, wa, sa);
+    /* seq16's tree: step hh adds lane j + hh to lane j (j < hh): from thread h + hh / LPT while
+     * hh >= LPT, then within the thread */
+#pragma unroll
+    for (int k = 0; k < TT; k++) {
+        float v[LPT];
+#pragma unroll
+        for (int j = 0; j < WPG; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v[4 * j + i] = acc[j][i][k];
+#pragma unroll
+        for (int hh = 8; hh >= 1; hh /= 2) {
+            if (hh >= LPT) {
+#pragma unroll
+                for (int i = 0; i < LPT; i++)
+                    v[i] = v[i] + __shfl_down_sync(0xFFFFFFFFu, v[i], hh / LPT, TPR);
+            } else {
+#pragma unroll
+                for (int i = 0; i < hh; i++)
+                    v[i] = v[i] + v[i + hh];
+            }
+        }
+        if (h == 0 && r < r1 && k < T)
+            y[(size_t)k * ldy + (size_t)(r - r0)] = v[0];
+    }
+}
+
+template <int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
+{
+    constexpr int per = GX_WARPS * 32 / GX_TPR;
+    static bool attr; /* the shared-memory limit raised once per instantiation */
+    if (!attr) {
+        cudaFuncSetAttribute(k_gvx<TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, GX_XMAX * 4);
+        attr = true;
+    }
+    gv_set<N> set;
+    set.n = n;
+    int nb = 0, cols = 0;
+    for (int i = 0; i < n; i++) {
+        set.e[i].m = m[i];
+        set.e[i].nb0 = nb;
+        nb += (m[i].r1 - m[i].r0 + per - 1) / per;
+        cols = m[i].w.cols > cols ? m[i].w.cols : cols;
+    }
+    k_gvx<TT, N><<<(unsigned)nb, 32 * GX_WARPS, (size_t)TT * (size_t)cols * 4, st>>>(set);
+}
+
 /* one launch of k_gemv for n <= CUDAK_SET products of T <= 8, its token tile the largest T's */
 template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
 {
+    if (FMT == WF_MXFP4 && T <= 2) {
+        bool fits = true;
+        for (int i = 0; i < n && fits; i++)
+            fits = T == 1 ? gx_fits<1>(&m[i]) : gx_fits<2>(&m[i]);
+        if (fits) {
+            if (T == 1)
+                launch_gvx<1, N>(m, n, st);
+            else
+                launch_gvx<2, N>(m, n, st);
+            return;
+        }
+    }
     if (T == 1)
         launch_gemv<FMT, 1, N>(m, n, st);
     else if (T == 2)
