@@ -558,9 +558,9 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
  * that the loop over column blocks has no barrier. A block of GX_WARPS warps covers
  * GX_WARPS x 32 / GX_TPR rows. Matrices it does not fit (gx_fits) take k_gemv.
  * Measured (bench/results/cuda.md, 2026-12-03): four threads to a row, four warps to a block and at
- * most 96 registers (GX_MINB = 5 blocks to an SM) beat two threads to a row, eight warps, 64, 80 or
- * 128 registers, and the 233 that ptxas takes unbounded; an L2 prefetch two blocks ahead changed
- * nothing. GX_XMAX: the most activation floats (T x cols) a block holds, 64 KB. */
+ * most 96 registers (GX_MINB = 5 blocks to an SM) beat two threads to a row, eight warps, 64
+ * registers, and the 233 that ptxas takes unbounded (80 measured the same at T = 1, slower at
+ * T = 2); an L2 prefetch two blocks ahead changed nothing. GX_XMAX: the most activation floats (T x cols) a block holds, 64 KB. */
 enum { GX_TPR = 4, GX_WARPS = 4, GX_MINB = 5, GX_XMAX = 16384 };
 
 template <int TT>
