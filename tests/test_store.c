@@ -484,8 +484,8 @@ TEST(store_plan_spine_first)
     /* far more than the model: every spine resident, the slot count clamped, not wrapped */
     CHECK(store_plan_make(&bt, (uint64_t)1 << 62, 0, work, &p, &err) == 0 && p.spine_streamed == 0 &&
           p.expert_slots >= STORE_MIN_EXPERT_SLOTS);
-    CHECK(store_plan_make(&bt, bt.spine_bytes * 4, 1, work, &p, &err) == 0 && p.spine_streamed == n);
-    CHECK(store_plan_make(&bt, budget_of(&bt, LEAST) - 1, 1, work, &p, &err) != 0);
+    CHECK(store_plan_make(&bt, bt.spine_bytes * 4, STORE_PLAN_STREAM_ALL, work, &p, &err) == 0 && p.spine_streamed == n);
+    CHECK(store_plan_make(&bt, budget_of(&bt, LEAST) - 1, STORE_PLAN_STREAM_ALL, work, &p, &err) != 0);
     CHECKF(strstr(err.msg, "below the least") && strstr(err.msg, "globals") && strstr(err.msg, "spine slots") &&
                strstr(err.msg, "experts"),
            "%s", err.msg);
@@ -827,6 +827,56 @@ TEST(store_device_held_experts_make_room_first)
     model_free(&m);
     CHECKF(ss.reads == 1 && ss.hits == 1 && ss.adopted == 1, "%llu reads, %llu hits, %llu adopted (want 1, 1, 1)",
            (unsigned long long)ss.reads, (unsigned long long)ss.hits, (unsigned long long)ss.adopted);
+}
+
+/* With a device backend the spines live in its memory once it has copied them (STORE_PLAN_DEVICE):
+ * a budget of the globals and ten experts keeps ten expert slots and streams no spine, where the RAM
+ * plan streams spines; below the globals and the least experts it is an error naming both. The
+ * spines' pages then go (store_spines_release), and a host that reads them anyway gets the same
+ * bytes back from the drive: the logits of the resident model, bit for bit. */
+TEST(store_device_spines_cost_no_ram)
+{
+    errbuf err;
+    model m;
+    blob_table bt;
+    CHECKF(model_load(&m, "models/default", &err) == 0, "%s", err.msg);
+    CHECKF(blob_table_build(&bt, &m, &err) == 0, "%s", err.msg);
+    uint64_t X = blob_padded(bt.max_expert), globals = bt.b[bt.global_blob].size, layers = 0;
+    for (int i = 0; i < bt.n_layers; i++)
+        layers += bt.b[bt.layer_blob[i]].size;
+    int work = 2 * m.hp.top_k;
+    store_plan p;
+    CHECKF(store_plan_make(&bt, globals + 10 * X, STORE_PLAN_DEVICE, work, &p, &err) == 0, "%s", err.msg);
+    CHECKF(p.spine_streamed == 0 && p.expert_slots == 10 && p.device_bytes == layers &&
+               p.resident_bytes == globals + layers,
+           "%d streamed, %d slots, %llu device bytes", p.spine_streamed, p.expert_slots,
+           (unsigned long long)p.device_bytes);
+    store_plan q;
+    if (store_plan_make(&bt, globals + 10 * X, 0, work, &q, &err) == 0) /* RAM keeps the spines itself */
+        CHECKF(q.spine_streamed > 0 && q.expert_slots < 10, "RAM plan: %d streamed, %d slots", q.spine_streamed,
+               q.expert_slots);
+    CHECK(store_plan_make(&bt, globals + (STORE_MIN_EXPERT_SLOTS - 1) * X, STORE_PLAN_DEVICE, work, &p, &err) != 0);
+    CHECKF(strstr(err.msg, "device") && strstr(err.msg, "globals") && strstr(err.msg, "experts"), "%s", err.msg);
+    float *ref = run(&m, NULL, NIDS, &err);
+    CHECKF(ref, "%s", err.msg);
+    store_cfg c;
+    memset(&c, 0, sizeof c);
+    io_cfg_default(&c.io);
+    c.ram_budget = globals + 10 * X;
+    c.spines_on_device = 1;
+    store *st;
+    CHECKF(store_open(&st, &m, &bt, NULL, &c, &err) == 0, "%s", err.msg);
+    CHECK(store_plan_get(st)->spine_streamed == 0 && store_slots(st) == 10);
+    uint64_t gone = store_spines_release(st);
+    CHECKF(gone > layers / 2 && gone <= layers, "%llu of %llu spine bytes let go", (unsigned long long)gone,
+           (unsigned long long)layers);
+    float *got = run(&m, st, 5, &err);
+    CHECKF(got, "%s", err.msg);
+    CHECK(memcmp(ref, got, sizeof(float) * (size_t)NIDS * (size_t)m.hp.vocab) == 0);
+    free(ref);
+    free(got);
+    store_free(st);
+    model_free(&m);
 }
 
 TEST(store_truncated_pack)

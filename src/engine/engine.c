@@ -109,6 +109,7 @@ static int open_store(engine *e, const engine_opts *o, const char *model_dir, bl
     sc.ram_budget = budget;
     sc.prefetch = o->prefetch;
     sc.verify = o->verify;
+    sc.spines_on_device = e->be->open != NULL; /* a device keeps them (store_spines_release) */
     if (o->io != ENGINE_IO_AUTO)
         sc.io.backend = o->io == ENGINE_IO_URING ? IO_URING : IO_PREAD;
     if (o->emulate && io_parse_emulation(&sc.io, o->emulate, err) != 0)
@@ -214,7 +215,8 @@ out:
 
 /* The backend's state for the model (its copies of the weights). With a weight store, a device
  * backend holds every layer's spine and caches the routed experts the store hands it, so the
- * store must keep every spine resident. */
+ * store must keep every spine mapped until open() has copied them (open_store plans it so:
+ * STORE_PLAN_DEVICE), and lets their pages go after. */
 static int engine_start_backend(engine *e, uint64_t vram_budget, errbuf *err)
 {
     if (!e->be->open)
@@ -227,7 +229,11 @@ static int engine_start_backend(engine *e, uint64_t vram_budget, errbuf *err)
                                "resident (a larger --ram-budget)", e->be->name, p->spine_streamed);
     backend_cfg c = {.index = e->be_index, .vram_budget = vram_budget, .experts_streamed = e->store != NULL};
     e->be_dev = e->be->open(e->m, &c, err);
-    return e->be_dev ? 0 : -1;
+    if (!e->be_dev)
+        return -1;
+    if (e->store) /* the device has its copies now: RAM keeps the experts */
+        e->spines_released = store_spines_release(e->store);
+    return 0;
 }
 
 int engine_open(const engine_opts *o, engine **out, errbuf *err)

@@ -50,6 +50,7 @@ struct engine {
     const kern_ops *k;
     const backend_ops *be;  /* where passes run (backend.h) */
     void *be_dev;           /* its state for the model (be->open), NULL for the CPU */
+    uint64_t spines_released; /* with a store: the spine bytes RAM let go once the device held them */
     int be_index;           /* which device of its kind (--device cuda:N) */
     tok *tk;                /* loaded on first use */
     int dfsp, spine_int8;

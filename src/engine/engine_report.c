@@ -54,13 +54,18 @@ void engine_report(engine *e, FILE *f, int tokens, double seconds)
     const store_plan *pl = store_plan_get(e->store);
     double tok = tokens > 0 ? tokens : 1;
     char h1[32], h2[32], h3[32], h4[32];
-    fprintf(f,
-            "[stats] store: %s, %d expert slots of %s (%s), %s resident (globals and %d of %d layer spines), "
-            "prefetch %s (%s)%s\n",
+    char where[160];
+    if (pl->device_bytes) /* the device holds the spines; RAM the globals and the experts */
+        snprintf(where, sizeof where, "%s resident (globals; the %d layer spines, %s, on the device, %s of them let go from RAM)",
+                 store_fmt_bytes(pl->resident_bytes - pl->device_bytes, h3, 32), e->m->hp.n_layers,
+                 store_fmt_bytes(pl->device_bytes, h4, 32), store_fmt_bytes(e->spines_released, h1, 32));
+    else
+        snprintf(where, sizeof where, "%s resident (globals and %d of %d layer spines)",
+                 store_fmt_bytes(pl->resident_bytes, h3, 32), e->m->hp.n_layers - pl->spine_streamed, e->m->hp.n_layers);
+    fprintf(f, "[stats] store: %s, %d expert slots of %s (%s), %s, prefetch %s (%s)%s\n",
             e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store),
             store_fmt_bytes(store_slot_bytes(e->store), h1, 32),
-            store_fmt_bytes(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32),
-            store_fmt_bytes(pl->resident_bytes, h3, 32), e->m->hp.n_layers - pl->spine_streamed, e->m->hp.n_layers,
+            store_fmt_bytes(store_slots(e->store) * (double)store_slot_bytes(e->store), h2, 32), where,
             store_weights(e->store)->prefetch ? "on" : "off", store_io_note(e->store), spine);
     if (pl->spine_streamed > 0)
         fprintf(f,

@@ -856,7 +856,12 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     s->spine_pf_after = -1;
     /* a MoE layer's experts in use and the next layer's guesses */
     int working = 2 * m->hp.top_k;
-    if (store_plan_make(&s->bt, cfg->ram_budget, cfg->spine_stream_all, working, &s->plan, err) != 0) {
+    unsigned plan_flags = (cfg->spine_stream_all ? STORE_PLAN_STREAM_ALL : 0) | (cfg->spines_on_device ? STORE_PLAN_DEVICE : 0);
+    if (cfg->spine_stream_all && cfg->spines_on_device) {
+        store_free(s);
+        return errbuf_set(err, "store: streaming every spine and leaving them to a device exclude each other");
+    }
+    if (store_plan_make(&s->bt, cfg->ram_budget, plan_flags, working, &s->plan, err) != 0) {
         store_free(s);
         return -1;
     }
@@ -1012,6 +1017,40 @@ void store_free(store *s)
 
 const weight_src *store_weights(store *s) { return &s->xs; }
 const store_plan *store_plan_get(const store *s) { return &s->plan; }
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21 /* Linux 5.4: reclaim the range's pages now */
+#endif
+
+/* Each spine part's whole pages inside its tensor's mapped bytes: a page shared with a neighbour
+ * stays (it may be a global's). MADV_PAGEOUT gives the clean file pages back to the kernel; where
+ * it is refused, MADV_DONTNEED at least takes them out of this process. */
+uint64_t store_spines_release(store *s)
+{
+    if (!s->cfg.spines_on_device)
+        return 0;
+    const long pg = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    uint64_t let_go = 0;
+    for (int i = 0; i < s->bt.n_layers; i++) {
+        int b = s->bt.layer_blob[i];
+        if (b < 0)
+            continue;
+        assert(!s->plan.streamed[i]);
+        const blob *x = &s->bt.b[b];
+        for (int j = x->first_part; j < x->first_part + x->nparts; j++) {
+            const blob_part *pt = &s->bt.part[j];
+            const uint8_t *at = s->m->st.t[pt->tensor].data + pt->src;
+            uintptr_t a = ((uintptr_t)at + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+            uintptr_t e = ((uintptr_t)at + pt->len) & ~(uintptr_t)(pg - 1);
+            if (e <= a)
+                continue;
+            if (madvise((void *)a, e - a, MADV_PAGEOUT) != 0)
+                madvise((void *)a, e - a, MADV_DONTNEED);
+            let_go += e - a;
+        }
+    }
+    return let_go;
+}
 int store_slots(const store *s) { return s->nx; }
 
 int store_pinned(const store *s)

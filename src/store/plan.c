@@ -13,7 +13,12 @@
  * overlaps the compute of the resident layers before it, and they share STORE_SPINE_SLOTS slots
  * of the largest streamed spine: the layer in use, and the next one loading. The plan depends on nothing
  * but the blob sizes and the budget, so the same budget gives the same plan on every run.
+ * With a device backend (STORE_PLAN_DEVICE) the spines live in the device's memory once it has
+ * copied them, so the budget holds the globals (the host's drafters read the embedding and the
+ * head) and then experts only: device memory, then RAM, then the drive, each tier holding what the
+ * one above it does not (weight_src.held and adopt, model/blk.h).
  */
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,8 +52,9 @@ static int slots_left(uint64_t budget, uint64_t used, uint64_t X)
 }
 
 /* the plan with at least min_x expert slots, or -1 if the budget cannot hold it */
-static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int min_x, store_plan *p)
+static int plan_try(const blob_table *bt, uint64_t budget, unsigned flags, int min_x, store_plan *p)
 {
+    int stream_all = (flags & STORE_PLAN_STREAM_ALL) != 0;
     int n = bt->n_layers;
     uint64_t globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0, layers = 0;
     for (int i = 0; i < n; i++)
@@ -59,6 +65,14 @@ static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int m
     p->working = min_x;
     p->expert_slot_bytes = blob_padded(bt->max_expert);
     uint64_t X = p->expert_slot_bytes, need_x = (uint64_t)min_x * X;
+    if (flags & STORE_PLAN_DEVICE) { /* every spine mapped, charged to the device */
+        if (budget < globals + need_x)
+            return -1;
+        p->resident_bytes = globals + layers;
+        p->device_bytes = layers;
+        p->expert_slots = slots_left(budget, globals, X);
+        return 0;
+    }
     if (!stream_all && budget >= globals + layers + need_x) { /* every spine resident */
         p->resident_bytes = globals + layers;
         p->expert_slots = slots_left(budget, p->resident_bytes, X);
@@ -94,8 +108,9 @@ static int plan_try(const blob_table *bt, uint64_t budget, int stream_all, int m
     return -1;
 }
 
-int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p, errbuf *err)
+int store_plan_make(const blob_table *bt, uint64_t budget, unsigned flags, int working, store_plan *p, errbuf *err)
 {
+    assert(!((flags & STORE_PLAN_STREAM_ALL) && (flags & STORE_PLAN_DEVICE)));
     if (bt->n_layers > MODEL_MAX_LAYERS)
         return errbuf_set(err, "store plan: %d layers exceed %d", bt->n_layers, MODEL_MAX_LAYERS);
     int experts = 0;
@@ -105,15 +120,21 @@ int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int w
         working = experts;
     /* the largest working set the budget affords, from 2 x top_k down to the least */
     for (int w = working; w >= STORE_MIN_EXPERT_SLOTS; w--)
-        if (plan_try(bt, budget, stream_all, w, p) == 0)
+        if (plan_try(bt, budget, flags, w, p) == 0)
             return 0;
-    if (working < STORE_MIN_EXPERT_SLOTS && plan_try(bt, budget, stream_all, STORE_MIN_EXPERT_SLOTS, p) == 0)
+    if (working < STORE_MIN_EXPERT_SLOTS && plan_try(bt, budget, flags, STORE_MIN_EXPERT_SLOTS, p) == 0)
         return 0;
     uint64_t slot = 0, globals = bt->global_blob >= 0 ? bt->b[bt->global_blob].size : 0;
+    char h1[32], h2[32], h3[32], h4[32];
+    if (flags & STORE_PLAN_DEVICE)
+        return errbuf_set(err,
+                          "RAM budget %s is below what a device's weight store keeps in RAM: the globals (%s) and %d "
+                          "experts (%s each)",
+                          store_fmt_bytes(budget, h1, sizeof h1), store_fmt_bytes(globals, h2, sizeof h2),
+                          STORE_MIN_EXPERT_SLOTS, store_fmt_bytes(blob_padded(bt->max_expert), h4, sizeof h4));
     for (int i = 0; i < bt->n_layers; i++)
         if (bt->layer_blob[i] >= 0 && blob_padded(bt->b[bt->layer_blob[i]].size) > slot)
             slot = blob_padded(bt->b[bt->layer_blob[i]].size);
-    char h1[32], h2[32], h3[32], h4[32];
     return errbuf_set(err,
                       "RAM budget %s is below the least the model streams with: the globals (%s), %d layers' "
                       "spine slots (%s each) and %d experts (%s each)",

@@ -53,13 +53,21 @@ typedef struct store_plan {
     int expert_slots;          /* before store_open caps it at the number of experts */
     int working;               /* expert slots kept before any spine (<= 2 x top_k) */
     uint64_t expert_slot_bytes;
+    uint64_t device_bytes;     /* STORE_PLAN_DEVICE: the layer spines a device holds, mapped but not
+                                  charged to the budget (store_spines_release drops them from RAM) */
 } store_plan;
 
+enum {
+    STORE_PLAN_STREAM_ALL = 1, /* every layer's spine streams, however much RAM is left (the least
+                                  RAM a model runs in) */
+    STORE_PLAN_DEVICE = 2,     /* a device backend keeps every layer's spine in its own memory after
+                                  open: RAM holds the globals and the expert cache, no spine streams */
+};
+
 /* Plans budget bytes of RAM over bt's blobs, keeping up to `working` expert slots (as many as the
- * budget affords, at least STORE_MIN_EXPERT_SLOTS) before any spine; with stream_all, every
- * layer's spine streams, however much RAM is left (the least RAM a model runs in). An error names
- * what the budget cannot cover. */
-int store_plan_make(const blob_table *bt, uint64_t budget, int stream_all, int working, store_plan *p,
+ * budget affords, at least STORE_MIN_EXPERT_SLOTS) before any spine; flags: STORE_PLAN_*. An error
+ * names what the budget cannot cover. */
+int store_plan_make(const blob_table *bt, uint64_t budget, unsigned flags, int working, store_plan *p,
                     errbuf *err);
 
 /* Where the bytes of a Hugging Face source's blobs come from when they may not be on the drive
@@ -79,6 +87,8 @@ typedef struct store_cfg {
     uint64_t ram_budget; /* bytes for weights: resident spine, spine slots and the expert cache */
     int prefetch;        /* router lookahead reads, and streamed spines read ahead */
     int spine_stream_all; /* every layer's spine streams, whatever the budget (store_plan_make) */
+    int spines_on_device; /* a device backend holds the layer spines after open (STORE_PLAN_DEVICE,
+                             store_spines_release) */
     int verify;          /* xxh3 of DFSP blobs on first load */
     io_cfg io;
     const char *heat_path; /* routing counts kept across runs (NULL: none) */
@@ -118,6 +128,10 @@ int store_heat_save(const store *s, errbuf *err);
 const weight_src *store_weights(store *s);
 /* The plan the store runs (expert_slots as opened). */
 const store_plan *store_plan_get(const store *s);
+/* With store_cfg.spines_on_device, once the device has copied every layer spine: drops the pages of
+ * their mapped bytes from RAM (the budget never counted them). The host still may read them: the
+ * bytes come back from the drive, the same ones. Returns the bytes let go. */
+uint64_t store_spines_release(store *s);
 int store_slots(const store *s); /* expert slots */
 /* 1 if blob b (of store_blobs) is used straight from the model's mapping (the globals, the
  * spines kept resident), 0 if it is read into a slot (experts, streamed spines: checked there). */

@@ -472,10 +472,12 @@ static engine *gpu_over(const model *m, store *st, uint64_t budget, int *slots, 
 }
 
 /* A weight store over oracle case `name` (m loaded from it) that keeps every spine resident and
- * `ram_experts(&m->hp)` expert slots' worth of RAM besides (the planner rounds): NULL with err set
- * when it cannot open. *X, *spine: the largest expert's and the spines' bytes. */
-static store *oracle_store(const char *name, model *m, int (*ram_experts)(const hparams *), int prefetch,
-                           uint64_t *X, uint64_t *spine, errbuf *err)
+ * `ram_experts(&m->hp)` expert slots' worth of RAM besides (the planner rounds); with on_device,
+ * planned for a device that holds the layer spines (store_cfg.spines_on_device: the budget is the
+ * globals and the experts). NULL with err set when it cannot open. *X, *spine: the largest
+ * expert's and the spines' bytes. */
+static store *oracle_store_for(const char *name, model *m, int (*ram_experts)(const hparams *), int prefetch,
+                               int on_device, uint64_t *X, uint64_t *spine, errbuf *err)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/%s", test_data("oracle"), name);
@@ -491,7 +493,8 @@ static store *oracle_store(const char *name, model *m, int (*ram_experts)(const 
     store_cfg c;
     memset(&c, 0, sizeof c);
     io_cfg_default(&c.io);
-    c.ram_budget = *spine + (uint64_t)ram_experts(&m->hp) * (*X + 4096);
+    c.ram_budget = (on_device ? bt.b[bt.global_blob].size : *spine) + (uint64_t)ram_experts(&m->hp) * (*X + 4096);
+    c.spines_on_device = on_device;
     c.verify = 1;
     c.prefetch = prefetch; /* the GPU's router lookahead (cuda_guess) then starts reads */
     store *st = NULL;
@@ -500,6 +503,12 @@ static store *oracle_store(const char *name, model *m, int (*ram_experts)(const 
         return NULL;
     }
     return st;
+}
+
+static store *oracle_store(const char *name, model *m, int (*ram_experts)(const hparams *), int prefetch,
+                           uint64_t *X, uint64_t *spine, errbuf *err)
+{
+    return oracle_store_for(name, m, ram_experts, prefetch, 0, X, spine, err);
 }
 
 static int two_layers_and_four(const hparams *hp) { return 2 * hp->top_k + 4; }
@@ -631,6 +640,48 @@ static void exclusive_case(const char *name)
     CHECKF(s1.adopted > 0, "%s: the first run's dropped experts never went back into RAM", name);
 }
 
+/* The spines live in VRAM, so a store planned for the device (STORE_PLAN_DEVICE) spends a RAM
+ * budget below the spines on the globals and experts alone, which the RAM plan cannot open without
+ * streaming spines (the device refuses that); once the GPU holds them, RAM lets their pages go. The
+ * logits are the resident CPU's, in passes of 1 and 5. */
+static void ram_below_spines_case(const char *name)
+{
+    NEED_GPU();
+    errbuf err;
+    model m;
+    uint64_t X, spine;
+    store *st = oracle_store_for(name, &m, two_layers_and_four, 0, 1, &X, &spine, &err);
+    CHECKF(st, "%s: %s", name, err.msg);
+    const store_plan *p = store_plan_get(st);
+    int below = p->budget < spine, slots = 0;
+    engine *cpu = dev_engine(&m, "cpu", &err), *gpu = NULL;
+    enum { N = 12 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 7919 + 3) % m.hp.vocab);
+    size_t Vb = (size_t)m.hp.vocab;
+    float *want = cpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
+    if (want)
+        gpu = gpu_over(&m, st, spine + spine / 2 + 4 * (X + 4096), &slots, &err);
+    uint64_t gone = gpu ? gpu->spines_released : 0;
+    float *g1 = gpu ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
+    float *g5 = g1 ? tu_eval_engine(gpu, ids, N, 5, &err) : NULL;
+    int same = g5 && !memcmp(g1, want, sizeof(float) * N * Vb) && !memcmp(g5, want, sizeof(float) * N * Vb);
+    free(want);
+    free(g1);
+    free(g5);
+    engine_free(gpu);
+    engine_free(cpu);
+    store_free(st);
+    model_free(&m);
+    CHECKF(gpu, "%s: %s", name, err.msg);
+    CHECKF(below, "%s: the budget holds the spines; the case proves nothing", name);
+    CHECKF(same, "%s: the GPU over a device-planned store differs from the resident CPU (%s)", name, err.msg);
+    CHECKF(gone > 0, "%s: RAM kept every spine page", name);
+}
+
+TEST(cuda_backend_ram_below_spines_kimi_k3) { ram_below_spines_case("kimi_k3-a"); }
+TEST(cuda_backend_ram_below_spines_qwen3_moe) { ram_below_spines_case("qwen3_moe-a"); }
 TEST(cuda_backend_vram_ram_exclusive_kimi_k3) { exclusive_case("kimi_k3-a"); }
 TEST(cuda_backend_vram_ram_exclusive_qwen3_moe) { exclusive_case("qwen3_moe-a"); }
 TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a", 0); }
