@@ -681,7 +681,7 @@ static void ram_below_spines_case(const char *name)
 }
 
 TEST(cuda_backend_ram_below_spines_kimi_k3) { ram_below_spines_case("kimi_k3-a"); }
-TEST(cuda_backend_ram_below_spines_qwen3_moe) { ram_below_spines_case("qwen3_moe-a"); }
+TEST(cuda_backend_ram_below_spines_kimi_k2_int4) { ram_below_spines_case("kimi_k2-int4"); }
 TEST(cuda_backend_vram_ram_exclusive_kimi_k3) { exclusive_case("kimi_k3-a"); }
 TEST(cuda_backend_vram_ram_exclusive_qwen3_moe) { exclusive_case("qwen3_moe-a"); }
 TEST(cuda_backend_vram_tier_kimi_k3) { vram_case("kimi_k3-a", 0); }
