@@ -315,6 +315,22 @@ template <int N> struct gv_set {
     } e[N];
 };
 
+/* The entry of a set that block blockIdx.x works on, and the block's index within it. With one
+ * matrix its fields are read at fixed offsets, not copied out to be indexed. */
+struct gv_one {
+    cudak_mm m;
+    int bx;
+};
+
+template <int N> __device__ __forceinline__ gv_one gv_entry(const gv_set<N> &set)
+{
+    int ei = 0;
+    if constexpr (N > 1)
+        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
+            ei++;
+    return gv_one{set.e[ei].m, (int)blockIdx.x - set.e[ei].nb0};
+}
+
 /* The 4-bit formats' end of k_gemv: thread q of a quad holds lanes 4q .. 4q + 3 of its row for
  * each token, so seq16's tree is two shuffles within the quad (h = 8: from thread q + 2, h = 4:
  * from q + 1) and then the thread's own h = 2 and h = 1; thread 0 of the quad stores row r. The
@@ -370,15 +386,12 @@ __device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, c
 template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> set)
 {
-    int ei = 0;
-    if constexpr (N > 1) /* (one matrix: its fields at fixed offsets, not copied out to be indexed) */
-        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
-            ei++;
-    const kmat w = set.e[ei].m.w;
-    const float *__restrict__ x = set.e[ei].m.x;
-    float *__restrict__ y = set.e[ei].m.y;
-    const size_t ldx = set.e[ei].m.ldx, ldy = set.e[ei].m.ldy;
-    const int r0 = set.e[ei].m.r0, r1 = set.e[ei].m.r1, T = set.e[ei].m.T, bx = (int)blockIdx.x - set.e[ei].nb0;
+    const gv_one g1 = gv_entry(set);
+    const kmat w = g1.m.w;
+    const float *__restrict__ x = g1.m.x;
+    float *__restrict__ y = g1.m.y;
+    const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
+    const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
     constexpr bool NIB = gv_nib<FMT, TT>();
     constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), RW = gv_rw<FMT>(), V = RB / 16,
                   VS = NIB ? V + 1 : V + 4, NV = RW * V / 32, RT = RW / 2, NW = gv_warps<FMT>(), NT = 32 * NW;
@@ -596,15 +609,12 @@ template <int TT, int N>
 __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> set)
 {
     extern __shared__ __align__(16) float gx_xs[]; /* [TT][cols] */
-    int ei = 0;
-    if constexpr (N > 1)
-        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
-            ei++;
-    const kmat w = set.e[ei].m.w;
-    const float *__restrict__ x = set.e[ei].m.x;
-    float *__restrict__ y = set.e[ei].m.y;
-    const size_t ldx = set.e[ei].m.ldx, ldy = set.e[ei].m.ldy;
-    const int r0 = set.e[ei].m.r0, r1 = set.e[ei].m.r1, T = set.e[ei].m.T, bx = (int)blockIdx.x - set.e[ei].nb0;
+    const gv_one g1 = gv_entry(set);
+    const kmat w = g1.m.w;
+    const float *__restrict__ x = g1.m.x;
+    float *__restrict__ y = g1.m.y;
+    const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
+    const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
     constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16, NT = 32 * GX_WARPS;
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = tl % TPR, r = r0 + (bx * GX_WARPS + warp) * RPW + tl / TPR, rl = r < r1 ? r : r1 - 1;
