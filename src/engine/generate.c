@@ -35,8 +35,10 @@ enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };
 static const double EMA = 0.25;    /* weight of a new measurement */
 static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
 /* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
- * step, and its guesses are verified when their class pays (a plain pass when none come) */
-static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.5;
+ * step, and its guesses are verified when their class pays (a plain pass when none come). Its
+ * optimism: 0.5 kept verifying n-gram guesses on chat from RAM that cost more than they saved
+ * (0.89-0.90x of no drafting, 0.93-0.94x at 0.25; bench/results/drafting.md) */
+static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.25;
 /* before its first ask, a drafter that can say what an ask costs (draft.h: cost) is judged as a good
  * drafter would be: this share of its guesses kept, position after position */
 static const double ACC_GOOD = 0.8;
