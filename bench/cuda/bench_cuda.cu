@@ -3,8 +3,9 @@
  *   FMA peak: a kernel of independent fp32 FMA chains;
  *   cudak_matmul at K3's shapes (rows x cols: 12288 x 7168, 3584 x 3072 and 3072 x 3584), BF16 and
  *   MXFP4, T = 1, 2, 4, 8 as weight bytes read per second over the copy bandwidth, and T = 16, 64,
- *   512 as FLOP/s over the FMA peak; and for the expert shapes, 16 matrices in one
- *   cudak_matmul_set launch (a MoE layer's experts at decode) at T = 1 .. 8.
+ *   512 as FLOP/s over the FMA peak (INT4-g32, Kimi K2's expert format, at T <= 8); and for the
+ *   expert shapes, 16 matrices in one cudak_matmul_set launch (a MoE layer's experts at decode) at
+ *   T = 1 .. 8.
  * Each shape's weights come in enough copies to exceed the L2 cache, used in turn, so that every
  * pass reads HBM. Times are CUDA events around `iters` launches after a warm-up.
  *   usage: bench_cuda [--iters N] */
@@ -68,8 +69,14 @@ static void fill(int fmt, int rows, int cols, uint8_t **data, size_t *db, uint8_
     else
         for (size_t i = 0; i < *db; i++)
             (*data)[i] = (uint8_t)rnd();
-    for (size_t i = 0; i < *sb; i++)
-        (*scale)[i] = (uint8_t)(118 + rnd() % 6);
+    if (fmt == WF_INT4G32) /* BF16 group scales of about 2^-7 */
+        for (size_t i = 0; i + 1 < *sb; i += 2) {
+            uint16_t h = (uint16_t)(0x3C00 + rnd() % 0x80);
+            memcpy(*scale + i, &h, 2);
+        }
+    else
+        for (size_t i = 0; i < *sb; i++)
+            (*scale)[i] = (uint8_t)(118 + rnd() % 6);
 }
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b)
@@ -121,9 +128,9 @@ int main(int argc, char **argv)
     printf("fp32 FMA peak: %.1f TFLOP/s\n", peak / 1e12);
 
     static const int shapes[][2] = {{12288, 7168}, {3584, 3072}, {3072, 3584}};
-    static const int fmts[] = {WF_BF16, WF_MXFP4};
+    static const int fmts[] = {WF_BF16, WF_MXFP4, WF_INT4G32}; /* INT4 (Kimi K2's experts) at T <= 8 only */
     static const int Ts[] = {1, 2, 4, 8, 16, 64, 512};
-    for (int fi = 0; fi < 2; fi++)
+    for (int fi = 0; fi < 3; fi++)
         for (int si = 0; si < 3; si++) {
             int fmt = fmts[fi], rows = shapes[si][0], cols = shapes[si][1];
             uint8_t *hd, *hs;
@@ -145,7 +152,7 @@ int main(int argc, char **argv)
             CK(cudaMalloc(&x, (size_t)512 * cols * 4));
             CK(cudaMalloc(&y, (size_t)512 * rows * 4));
             CK(cudaMemset(x, 0, (size_t)512 * cols * 4));
-            for (int ti = 0; ti < 7; ti++) {
+            for (int ti = 0; ti < (fmt == WF_INT4G32 ? 4 : 7); ti++) {
                 int T = Ts[ti], n = T >= 64 ? iters / 4 + 1 : iters * 4;
                 for (int c = 0; c < ncopy; c++)
                     cudak_matmul(&w[c], 0, rows, x, (size_t)cols, T, y, (size_t)rows, NULL);

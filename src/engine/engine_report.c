@@ -56,12 +56,14 @@ void engine_report(engine *e, FILE *f, int tokens, double seconds)
     char h1[32], h2[32], h3[32], h4[32];
     char where[160];
     if (pl->device_bytes) /* the device holds the spines; RAM the globals and the experts */
-        snprintf(where, sizeof where, "%s resident (globals; the %d layer spines, %s, on the device, %s of them let go from RAM)",
+        snprintf(where, sizeof where,
+                 "%s resident (globals; the %d layer spines, %s, on the device, %s of them let go from RAM)",
                  store_fmt_bytes(pl->resident_bytes - pl->device_bytes, h3, 32), e->m->hp.n_layers,
                  store_fmt_bytes(pl->device_bytes, h4, 32), store_fmt_bytes(e->spines_released, h1, 32));
     else
         snprintf(where, sizeof where, "%s resident (globals and %d of %d layer spines)",
-                 store_fmt_bytes(pl->resident_bytes, h3, 32), e->m->hp.n_layers - pl->spine_streamed, e->m->hp.n_layers);
+                 store_fmt_bytes(pl->resident_bytes, h3, 32), e->m->hp.n_layers - pl->spine_streamed,
+                 e->m->hp.n_layers);
     fprintf(f, "[stats] store: %s, %d expert slots of %s (%s), %s, prefetch %s (%s)%s\n",
             e->dfsp ? "DFSP" : "Hugging Face folder", store_slots(e->store),
             store_fmt_bytes(store_slot_bytes(e->store), h1, 32),

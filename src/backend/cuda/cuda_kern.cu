@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * each 16-byte group, so that it reads eight codes as one word and decodes them with shifts and
  * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
- * the activations cost more than they saved (bench/results/cuda.md). (MXFP4 at T <= 2 now takes
- * k_gvx below wherever it fits, the same lanes without the staging.) The block's
+ * the activations cost more than they saved (bench/results/cuda.md). (MXFP4 at T <= 2 and INT4 at
+ * T = 1 now take k_gvx below wherever it fits, the same lanes without the staging.) The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -562,25 +562,28 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
     k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
 }
 
-/* MXFP4 at T <= 2, rows streamed (k_gvx). The same lanes and order as k_gemv's four-lane path,
- * without its shared-memory staging of the weights: a row belongs to GX_TPR threads, thread h
- * holding seq16's lanes LPT h .. LPT h + LPT - 1 (LPT = 16 / GX_TPR), whose bytes are bytes
- * LPT h .. of each 16-byte group of 32 columns, so that it loads them straight from global memory,
- * one column block (512 columns, 16 groups) ahead, with the block's 16 scale bytes in one 16-byte
- * read. The activations of the whole row (T x cols floats) are copied into shared memory once, so
- * that the loop over column blocks has no barrier. A block of GX_WARPS warps covers
- * GX_WARPS x 32 / GX_TPR rows. Matrices it does not fit (gx_fits) take k_gemv.
+/* MXFP4 at T <= 2 and INT4 at T = 1, rows streamed (k_gvx). The same lanes and order as k_gemv's
+ * four-lane path, without its shared-memory staging of the weights: a row belongs to GX_TPR
+ * threads, thread h holding seq16's lanes LPT h .. LPT h + LPT - 1 (LPT = 16 / GX_TPR), whose bytes
+ * are bytes LPT h .. of each 16-byte group of 32 columns, so that it loads them straight from
+ * global memory, one column block (512 columns, 16 groups) ahead, with the block's scales in one
+ * 16-byte read (MXFP4: a byte a group) or two (INT4: a BF16 a group). The activations of the whole
+ * row (T x cols floats) are copied into shared memory once, so that the loop over column blocks
+ * has no barrier. A block of GX_WARPS warps covers GX_WARPS x 32 / GX_TPR rows. Matrices it does
+ * not fit (gx_fits) take k_gemv.
  * Measured (bench/results/cuda.md, 2026-12-03): four threads to a row, four warps to a block and at
  * most 96 registers (GX_MINB = 5 blocks to an SM) beat two threads to a row, eight warps, 64
  * registers, and the 233 that ptxas takes unbounded (80 measured the same at T = 1, slower at
- * T = 2); an L2 prefetch two blocks ahead changed nothing. GX_XMAX: the most activation floats (T x cols) a block holds, 64 KB. */
+ * T = 2); an L2 prefetch two blocks ahead changed nothing. GX_XMAX: the most activation floats
+ * (T x cols) a block holds, 64 KB. */
 enum { GX_TPR = 4, GX_WARPS = 4, GX_MINB = 5, GX_XMAX = 16384 };
 
 template <int TT>
 static bool gx_fits(const cudak_mm *m)
 {
     const kmat *w = &m->w;
-    return w->fmt == WF_MXFP4 && w->cols % 512 == 0 && (size_t)TT * (size_t)w->cols <= GX_XMAX &&
+    return (w->fmt == WF_MXFP4 || w->fmt == WF_INT4G32) && w->cols % 512 == 0 &&
+           (size_t)TT * (size_t)w->cols <= GX_XMAX &&
            w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0 && w->scale_stride % 16 == 0 &&
            (uintptr_t)w->scale % 16 == 0 && (uintptr_t)m->x % 16 == 0 && (m->T == 1 || m->ldx % 4 == 0);
 }
@@ -605,7 +608,7 @@ template <int WPG> __device__ __forceinline__ gx_words<WPG> gx_load(const uint8_
     return r;
 }
 
-template <int TT, int N>
+template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> set)
 {
     extern __shared__ __align__(16) float gx_xs[]; /* [TT][cols] */
@@ -616,17 +619,21 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
     const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
     constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16, NT = 32 * GX_WARPS;
+    constexpr int SW = FMT == WF_MXFP4 ? 1 : 2; /* 16-byte reads of a column block's scales */
+    static_assert(FMT == WF_MXFP4 || FMT == WF_INT4G32, "the 4-bit formats");
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = tl % TPR, r = r0 + (bx * GX_WARPS + warp) * RPW + tl / TPR, rl = r < r1 ? r : r1 - 1;
     const uint8_t *rowp = w.data + (size_t)rl * w.row_bytes + LPT * h;
     const uint8_t *scp = w.scale + (size_t)rl * w.scale_stride;
     gx_words<WPG> wa[NG], wb[NG];
-    uint4 sa, sb;
-    auto load = [&](int blk, gx_words<WPG>(&buf)[NG], uint4 &s) {
+    uint4 sa[SW], sb[SW];
+    auto load = [&](int blk, gx_words<WPG>(&buf)[NG], uint4(&s)[SW]) {
 #pragma unroll
         for (int g = 0; g < NG; g++)
             buf[g] = gx_load<WPG>(rowp + (size_t)blk * 256 + 16 * g);
-        s = __ldg((const uint4 *)(scp + (size_t)blk * 16));
+#pragma unroll
+        for (int v = 0; v < SW; v++)
+            s[v] = __ldg((const uint4 *)(scp + (size_t)blk * 16 * SW) + v);
     };
     load(0, wa, sa);
     for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
@@ -647,18 +654,27 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 #pragma unroll
             for (int k = 0; k < TT; k++)
                 acc[j][i][k] = 0.0f;
-    /* block blk's 16 groups, its scale bytes s (dtype.c's e8m0 value, with d_nib's one multiply when
-     * every scale byte is below 128: then sc x 2^126 = 2^(s - 1) is the float of bits (s + 126) << 23,
-     * 2^-1 for s = 0 whose value is 2^-127) */
-    auto compute = [&](int blk, const gx_words<WPG>(&buf)[NG], uint4 s) {
+    /* block blk's 16 groups, its scales s. MXFP4: dtype.c's e8m0 value, with d_nib's one multiply
+     * when every scale byte is below 128: then sc x 2^126 = 2^(s - 1) is the float of bits
+     * (s + 126) << 23, 2^-1 for s = 0 whose value is 2^-127. INT4: the group's BF16. */
+    auto compute = [&](int blk, const gx_words<WPG>(&buf)[NG], const uint4(&s)[SW]) {
         const float *xb = gx_xs + (size_t)blk * 512 + 2 * LPT * h;
-        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        uint32_t sw[4 * SW];
+#pragma unroll
+        for (int v = 0; v < SW; v++)
+            sw[4 * v] = s[v].x, sw[4 * v + 1] = s[v].y, sw[4 * v + 2] = s[v].z, sw[4 * v + 3] = s[v].w;
         auto groups = [&](auto fast_c) {
             constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
             for (int g = 0; g < NG; g++) {
-                uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
-                float sc = FAST ? 0.0f : d_e8m0(sb8), s126 = FAST ? __uint_as_float((sb8 + 126u) << 23) : 0.0f;
+                float sc, s126 = 0.0f;
+                if constexpr (FMT == WF_MXFP4) {
+                    uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
+                    sc = FAST ? 0.0f : d_e8m0(sb8);
+                    s126 = FAST ? __uint_as_float((sb8 + 126u) << 23) : 0.0f;
+                } else {
+                    sc = d_bf16((sw[g / 2] >> (16 * (g % 2))) & 0xFFFFu);
+                }
 #pragma unroll
                 for (int j = 0; j < WPG; j++) {
                     float xv[TT][8];
@@ -669,11 +685,11 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
                         xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
                         xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
                     }
-                    nib_group<WF_MXFP4, FAST, TT>(buf[g].v[j], sc, s126, xv, acc[j]);
+                    nib_group<FMT, FAST, TT>(buf[g].v[j], sc, s126, xv, acc[j]);
                 }
             }
         };
-        if (((s.x | s.y | s.z | s.w) & 0x80808080u) == 0)
+        if (FMT == WF_MXFP4 && ((s[0].x | s[0].y | s[0].z | s[0].w) & 0x80808080u) == 0)
             groups(std::true_type());
         else
             groups(std::false_type());
@@ -715,12 +731,12 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     }
 }
 
-template <int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
+template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
 {
     constexpr int per = GX_WARPS * 32 / GX_TPR;
     static bool attr; /* the shared-memory limit raised once per instantiation */
     if (!attr) {
-        cudaFuncSetAttribute(k_gvx<TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, GX_XMAX * 4);
+        cudaFuncSetAttribute(k_gvx<FMT, TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, GX_XMAX * 4);
         attr = true;
     }
     gv_set<N> set;
@@ -732,21 +748,23 @@ template <int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaSt
         nb += (m[i].r1 - m[i].r0 + per - 1) / per;
         cols = m[i].w.cols > cols ? m[i].w.cols : cols;
     }
-    k_gvx<TT, N><<<(unsigned)nb, 32 * GX_WARPS, (size_t)TT * (size_t)cols * 4, st>>>(set);
+    k_gvx<FMT, TT, N><<<(unsigned)nb, 32 * GX_WARPS, (size_t)TT * (size_t)cols * 4, st>>>(set);
 }
 
-/* one launch of k_gemv for n <= CUDAK_SET products of T <= 8, its token tile the largest T's */
+/* one launch of k_gemv (or k_gvx) for n <= CUDAK_SET products of T <= 8, its token tile the
+ * largest T's */
 template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
 {
-    if (FMT == WF_MXFP4 && T <= 2) {
-        bool fits = true;
+    if constexpr (FMT == WF_MXFP4 || FMT == WF_INT4G32) {
+        /* INT4 at T = 2 measured slower in k_gvx on one expert shape (bench/results/cuda.md) */
+        bool fits = T == 1 || (FMT == WF_MXFP4 && T == 2);
         for (int i = 0; i < n && fits; i++)
             fits = T == 1 ? gx_fits<1>(&m[i]) : gx_fits<2>(&m[i]);
         if (fits) {
             if (T == 1)
-                launch_gvx<1, N>(m, n, st);
-            else
-                launch_gvx<2, N>(m, n, st);
+                launch_gvx<FMT, 1, N>(m, n, st);
+            else if constexpr (FMT == WF_MXFP4)
+                launch_gvx<FMT, 2, N>(m, n, st);
             return;
         }
     }
