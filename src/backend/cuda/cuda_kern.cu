@@ -734,10 +734,15 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
 {
     constexpr int per = GX_WARPS * 32 / GX_TPR;
-    static bool attr; /* the shared-memory limit raised once per instantiation */
-    if (!attr) {
+    /* the shared-memory limit raised once per instantiation and device (an attribute of the
+     * function in the current device's context; beyond 32 devices, at every launch) */
+    static unsigned raised;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 32 || !(raised & 1u << dev)) {
         cudaFuncSetAttribute(k_gvx<FMT, TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, GX_XMAX * 4);
-        attr = true;
+        if (dev < 32)
+            raised |= 1u << dev;
     }
     gv_set<N> set;
     set.n = n;
