@@ -858,10 +858,6 @@ int store_open(store **out, const model *m, blob_table *bt, const dfsp_info *inf
     int working = 2 * m->hp.top_k;
     unsigned plan_flags =
         (cfg->spine_stream_all ? STORE_PLAN_STREAM_ALL : 0) | (cfg->spines_on_device ? STORE_PLAN_DEVICE : 0);
-    if (cfg->spine_stream_all && cfg->spines_on_device) {
-        store_free(s);
-        return errbuf_set(err, "store: streaming every spine and leaving them to a device exclude each other");
-    }
     if (store_plan_make(&s->bt, cfg->ram_budget, plan_flags, working, &s->plan, err) != 0) {
         store_free(s);
         return -1;

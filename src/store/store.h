@@ -88,7 +88,7 @@ typedef struct store_cfg {
     int prefetch;        /* router lookahead reads, and streamed spines read ahead */
     int spine_stream_all; /* every layer's spine streams, whatever the budget (store_plan_make) */
     int spines_on_device; /* a device backend holds the layer spines after open (STORE_PLAN_DEVICE,
-                             store_spines_release) */
+                             store_spines_release); never with spine_stream_all */
     int verify;          /* xxh3 of DFSP blobs on first load */
     io_cfg io;
     const char *heat_path; /* routing counts kept across runs (NULL: none) */

@@ -513,6 +513,13 @@ static store *oracle_store(const char *name, model *m, int (*ram_experts)(const 
 
 static int two_layers_and_four(const hparams *hp) { return 2 * hp->top_k + 4; }
 
+/* n token ids spread over the vocabulary (the store cases' input) */
+static void spread_ids(int32_t *ids, int n, int vocab)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 6151 + 11) % vocab);
+}
+
 /* The VRAM tier: a weight store keeps every spine in RAM and streams the routed experts; the GPU
  * holds the spines and a cache of a few experts (--vram-budget: the spine and about four expert
  * slots, far below the model's experts), refilled least recently used first. The logits are the
@@ -531,8 +538,7 @@ static void vram_case(const char *name, int prefetch)
     engine *gpu = cpu ? gpu_over(&m, st, spine + spine / 8 + 4 * (X + 4096), &slots, &err) : NULL;
     enum { N = 24 };
     int32_t ids[N];
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 6151 + 11) % m.hp.vocab);
+    spread_ids(ids, N, m.hp.vocab);
     size_t V = (size_t)m.hp.vocab;
     float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
     float *g1 = want ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
@@ -609,8 +615,7 @@ static void exclusive_case(const char *name)
         gpu = gpu_over(&m, st, hi, &V, &err);
     enum { N = 24 };
     int32_t ids[N];
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 6151 + 11) % m.hp.vocab);
+    spread_ids(ids, N, m.hp.vocab);
     size_t Vb = (size_t)m.hp.vocab;
     float *want = gpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
     float *g1 = want ? tu_eval_engine(gpu, ids, N, 1, &err) : NULL;
@@ -657,8 +662,7 @@ static void ram_below_spines_case(const char *name)
     engine *cpu = dev_engine(&m, "cpu", &err), *gpu = NULL;
     enum { N = 12 };
     int32_t ids[N];
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)((i * 7919 + 3) % m.hp.vocab);
+    spread_ids(ids, N, m.hp.vocab);
     size_t Vb = (size_t)m.hp.vocab;
     float *want = cpu ? tu_eval_engine(cpu, ids, N, N, &err) : NULL;
     if (want)
