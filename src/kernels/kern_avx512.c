@@ -11,7 +11,8 @@
  * nibbles) and then its odd columns (high nibbles) go to the same zmm of sums, so one
  * zero-extension and one shift index a 16-entry table, with the activations permuted to match
  * once per call. MXFP4 tables (E2M1 x 2^(s-127)) are precomputed for all 256 scale bytes.
- * T > 1 decodes a block of rows once into scratch (exactly, in lane order) and reduces it in
+ * T <= 6 (verify passes) fuses decode and FMA for every token in 4-row x T-token register tiles;
+ * T > 6 decodes a block of rows once into scratch (exactly, in lane order) and reduces it in
  * 4-row x 6-token register tiles (kern_matmul.inc): the same bits as T = 1.
  *
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; called only after
@@ -203,8 +204,12 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 
 /* ---- entry points ---- */
 
-/* T <= 4 fuses decode and FMA for every token: 4 rows x 4 tokens = 16 accumulators */
-#define FUSED_NT 4
+/* T <= 6 fuses decode and FMA for every token: 4 rows x up to 6 tokens = 24 accumulators, one
+ * weight vector and one activation live beside them. A verify pass of 5 or 6 tokens then reads
+ * its weights at close to T = 1's rate where the blocked path decoded them into scratch first
+ * (bench/results/engine.md, 2026-12-03 on Zen 5); 7 or 8 tokens need 28-32 accumulators, which
+ * the 32 zmm cannot hold beside them, and 3 rows x 8 was slower than the blocked path. */
+#define FUSED_NT 6
 #include "kernels/kern_matmul.inc"
 
 static void avx512_axpy(float *y, const float *x, float a, int n)
