@@ -226,10 +226,12 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
 #define BLK_KC 512
 #define BLK_PAD 8
 
-/* T <= 4 fuses decode and FMA, in 8 accumulators (of the 16 ymm) whatever T: 4 rows x 1 token,
- * 2 x 2 or 1 x 3 and 1 x 4, each output two ymm. Each is eight independent FMA chains, as T = 1's
- * four rows, and the weights stream once for all T tokens. */
-#define FUSED_NT 4
+/* T <= 6 fuses decode and FMA: 4 rows x 1 token, 2 x 2, then one row x 3 to 6 tokens, each output
+ * two ymm (8 to 12 accumulators of the 16 ymm). Each is at least eight independent FMA chains, as
+ * T = 1's four rows, and the weights stream once for all T tokens. At 5 tokens this is 8-19%
+ * faster than the blocked path, at 6 within noise (bench/results/engine.md, 2026-12-03 night); 7
+ * and 8 would need 14 and 16 accumulators. */
+#define FUSED_NT 6
 #define FUSED_RT(NT) ((NT) >= 3 ? 1 : (NT) == 2 ? 2 : 4)
 #include "kernels/kern_matmul.inc"
 
