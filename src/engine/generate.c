@@ -2,184 +2,13 @@
 #include "engine/generate.h"
 
 #include <assert.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/timer.h"
+#include "engine/econ.h"
 #include "engine/engine_int.h"
 #include "store/store.h"
-
-/* what the economics knows */
-typedef struct econ {
-    double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
-    double io_frac;                   /* share of a one-position pass spent waiting on reads */
-    double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
-    /* by drafter, class of its guesses (draft.h: cls) and block position j: */
-    double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
-    int ruled[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT];  /* guesses at position j ruled on */
-    int last_cls[GEN_MAX_DRAFTERS];                              /* the class of its latest guesses */
-    double propose_s[GEN_MAX_DRAFTERS];
-    int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
-    drafter *const *dr;               /* the request's drafters (their cost estimates) */
-    int n_seq, remaining;             /* this step's sequence length, and the tokens still wanted */
-    int turn;                          /* the next drafter to warm up */
-    int probe_turn;                    /* the next drafter to probe */
-    int since_probe, probe_every;
-} econ;
-
-/* Warm-up: each drafter drafts one guess (the cheapest verify) until ECON_WARMUP steps had guesses
- * from it, or it was asked ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram
- * one on new text, costs nothing when it has none). */
-enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };
-static const double EMA = 0.25;    /* weight of a new measurement */
-static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
-/* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
- * step, and its guesses are verified when their class pays (a plain pass when none come). Its
- * optimism: 0.5 kept verifying n-gram guesses on chat from RAM that cost more than they saved
- * (0.89-0.90x of no drafting, 0.93-0.94x at 0.25; bench/results/drafting.md) */
-static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.25;
-/* before its first ask, a drafter that can say what an ask costs (draft.h: cost) is judged as a good
- * drafter would be: this share of its guesses kept, position after position */
-static const double ACC_GOOD = 0.8;
-
-static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
-
-/* a pass of T positions relative to one, by the model of generate.h: compute grows slowly with T,
- * reads with the union of the experts the positions route to */
-static double shape(const econ *e, int T)
-{
-    return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
-}
-
-/* the time of a pass of T positions: measured, or the largest measured smaller one scaled by the
- * model (it carries the routing locality and cache hits the model does not know) */
-static double pass_cost(const econ *e, int T)
-{
-    if (e->pass_s[T] > 0)
-        return e->pass_s[T];
-    for (int t = T - 1; t >= 1; t--)
-        if (e->pass_s[t] > 0)
-            return e->pass_s[t] * shape(e, T) / shape(e, t);
-    return 1e-3 * shape(e, T);
-}
-
-static int is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
-
-/* expected tokens of a step of drafter d with k guesses of class c; a position never ruled on is
- * taken as a little less likely than the one before it. A free drafter is judged optimistically
- * (an upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and
- * a class judged on two rulings below break-even would otherwise never be verified again. */
-static double expected(const econ *e, int d, int c, int k)
-{
-    double E = 1, run = 1, a = ACC_PRIOR;
-    int opt = is_free(e, d);
-    for (int j = 0; j < k; j++) {
-        int n = e->ruled[d][c][j];
-        a = n ? e->acc[d][c][j] : j ? a * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
-        double b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
-        run *= b < 1 ? b : 1;
-        E += run;
-    }
-    return E;
-}
-
-/* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c,
- * proposing costing `extra` */
-static int best_k(const econ *e, int d, int c, int kmax, double extra, double *rate)
-{
-    int best = 0;
-    *rate = 1.0 / pass_cost(e, 1);
-    for (int k = 1; k <= kmax; k++) {
-        double r = expected(e, d, c, k) / (pass_cost(e, k + 1) + extra);
-        if (r > *rate) {
-            *rate = r;
-            best = k;
-        }
-    }
-    return best;
-}
-
-/* Before drafter d's first ask, from its own estimate of the cost: would a good drafter (ACC_GOOD)
- * win back more than that first ask's catch-up (a model drafter prefilling the prompt) over the
- * tokens still wanted, for some k? */
-static int first_ask_pays(const econ *e, int d, int kmax)
-{
-    drafter *dr = e->dr[d];
-    /* its estimate is in the target's passes from RAM: the reads a pass waits on are the target's */
-    double p1 = pass_cost(e, 1), compute = p1 * (1 - e->io_frac);
-    for (int k = 1; k <= kmax; k++) {
-        double once, step = dr->cost(dr, e->n_seq, k, &once);
-        double E = 0, run = 1;
-        for (int j = 0; j <= k; j++, run *= ACC_GOOD)
-            E += run;
-        double per_token = (pass_cost(e, k + 1) + step * compute) / E;
-        if (per_token < p1 && (p1 - per_token) * e->remaining > once * compute)
-            return 1;
-    }
-    return 0;
-}
-
-/* Whether drafter d could pay at all: even if every guess were kept, does some k beat a plain
- * pass, its proposing costing what it did? Before it was asked: its own estimate when it gives one
- * (first_ask_pays), else yes. A drafter that cannot is neither warmed up nor probed: its asks are
- * pure cost. */
-static int can_pay(const econ *e, int d, int kmax)
-{
-    if (e->asked[d] == 0)
-        return e->dr[d]->cost ? first_ask_pays(e, d, kmax) : 1;
-    double plain = 1.0 / pass_cost(e, 1);
-    for (int k = 1; k <= kmax; k++)
-        if ((k + 1) / (pass_cost(e, k + 1) + e->propose_s[d]) > plain)
-            return 1;
-    return 0;
-}
-
-/* The drafter (-1: none) and k of this step. *probe: a probe of a drafter that does not pay. */
-static void choose(econ *e, int nd, int kmax, int *best_d, int *best_k_out, int *probe)
-{
-    *best_d = -1;
-    *best_k_out = 0;
-    *probe = 0;
-    for (int i = 0; i < nd; i++) { /* warm-up, in turn */
-        int d = (e->turn + i) % nd;
-        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && can_pay(e, d, kmax)) {
-            e->turn = d + 1;
-            *best_d = d;
-            *best_k_out = 1;
-            return;
-        }
-    }
-    double best = 1.0 / pass_cost(e, 1);
-    for (int d = 0; d < nd; d++) {
-        double r;
-        if (!can_pay(e, d, kmax)) /* (before its first ask, its propose_s is not known yet) */
-            continue;
-        int k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], &r);
-        if (k > 0 && r > best) {
-            best = r;
-            *best_d = d;
-            *best_k_out = k;
-        }
-    }
-    if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */
-        e->since_probe = 0;                                                /* of each drafter in turn */
-        for (int i = 0; i < nd && *best_d < 0; i++) {
-            int d = (e->probe_turn + i) % nd;
-            if (can_pay(e, d, kmax)) {
-                e->probe_turn = d + 1;
-                *best_d = d;
-                *best_k_out = 1;
-                *probe = 1;
-            }
-        }
-    }
-    for (int d = 0; d < nd && *best_d < 0; d++) /* nothing else this step: a free drafter's guesses */
-        if (is_free(e, d)) {
-            *best_d = d;
-            *best_k_out = kmax;
-        }
-}
 
 /* Asks drafter d for up to k guesses after seq[0 .. n) (its anchor last) into out, and records what
  * the ask cost; returns their number, or -1 (err). *cls: the class of its guesses. */
@@ -187,10 +16,7 @@ static int ask(econ *e, const gen_req *rq, gen_stats *st, int d, const int32_t *
                const float **q, int *cls, errbuf *err)
 {
     drafter *dr = rq->drafters[d];
-    double once = 0; /* a first ask's catch-up (by its estimate) is not what later asks cost */
-    if (e->asked[d] == 0 && dr->cost)
-        dr->cost(dr, n, k, &once);
-    once *= pass_cost(e, 1) * (1 - e->io_frac);
+    double once = econ_first_ask_extra(e, d, n, k); /* a first ask's catch-up is not what later asks cost */
     double tp = timer_now();
     dr->cls = 0;
     *q = NULL;
@@ -198,14 +24,10 @@ static int ask(econ *e, const gen_req *rq, gen_stats *st, int d, const int32_t *
     double dt = timer_now() - tp;
     if (m < 0)
         return -1;
-    ema(&e->propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
     st->draft[d].propose_s += dt;
-    e->asked[d]++;
-    e->guessed[d] += m > 0;
     *cls = dr->cls;
     assert(*cls >= 0 && *cls < DRAFT_CLASSES);
-    if (m > 0)
-        e->last_cls[d] = *cls;
+    econ_asked(e, d, dt, once, m, *cls);
     return m;
 }
 
@@ -303,19 +125,8 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     int32_t *seq = NULL, drafts[GEN_MAX_DRAFT + 1];
     int seq_cap = 0, seq_have = 0, rc = 0;
     econ ec;
-    memset(&ec, 0, sizeof ec);
-    ec.dr = rq->drafters;
-    const struct store *sto = s->e->store;
     const hparams *hp = s->hp;
-    for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++) { /* experts a pass of T positions reads, uniform routing */
-        double K = hp->top_k, E = hp->n_experts > 0 ? hp->n_experts : 1;
-        ec.union_ratio[T] = sto && hp->n_experts > 0 ? E * (1 - pow(1 - K / E, T)) / K : 1.0;
-    }
-    for (int d = 0; d < nd; d++)
-        for (int c = 0; c < DRAFT_CLASSES; c++)
-            for (int j = 0; j < GEN_MAX_DRAFT; j++)
-                ec.acc[d][c][j] = ACC_PRIOR;
-    ec.probe_every = GEN_PROBE_EVERY;
+    econ_init(&ec, rq->drafters, nd, hp->top_k, hp->n_experts, s->e->store != NULL);
     if (nd > 0) {
         seq_cap = session_context(s) + 1;
         if (!(seq = malloc(sizeof *seq * (size_t)seq_cap)))
@@ -331,15 +142,12 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     while (!stop) {
         int d, k;
         double predicted;
-        int probe = 0, warm = 0;
+        econ_step es = {0};
         if (rq->fixed && nd > 0) {
             d = (int)(st->passes % (uint64_t)nd);
             k = kmax;
         } else {
-            ec.n_seq = session_len(s) + 1;
-            ec.remaining = rq->max_new - st->n_gen;
-            choose(&ec, nd, kmax, &d, &k, &probe);
-            warm = d >= 0 && ec.guessed[d] < ECON_WARMUP;
+            econ_choose(&ec, kmax, (int)session_len(s) + 1, rq->max_new - st->n_gen, &d, &k, &es);
         }
         /* no guess past the session's room or past what the request still wants (a step emits at
          * most its guesses and one more) */
@@ -370,26 +178,24 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
              * the pass runs anyway. Without this, every warm-up ask of a drafter that seldom
              * guesses took the step from the n-gram drafter's. */
             for (int d2 = 0; m == 0 && !rq->fixed && d2 < nd; d2++) {
-                if (d2 == d || !is_free(&ec, d2))
+                if (d2 == d || !econ_is_free(&ec, d2))
                     continue;
                 int k2 = kmax < room ? kmax : room;
                 k2 = k2 < want ? k2 : want;
                 m = ask(&ec, rq, st, d2, seq, n, k2, drafts + 1, &q, &cls, err);
                 if (m != 0) { /* its guesses, judged as its own step's would be */
                     d = d2;
-                    warm = probe = 0;
+                    es.warm = es.probe = 0;
                 }
             }
             if (m < 0) {
                 rc = -1;
                 break;
             }
-            if (m > 0 && !rq->fixed && !warm && !probe) { /* are these guesses worth a pass, and how many? */
-                double r;                                  /* a class not yet ruled on gets one tried */
-                m = ec.ruled[d][cls][0] < ECON_WARMUP ? 1 : best_k(&ec, d, cls, m, 0.0, &r);
-            }
+            if (m > 0 && !rq->fixed) /* are these guesses worth a pass, and how many? */
+                m = econ_verify(&ec, d, cls, m, &es);
         }
-        predicted = pass_cost(&ec, m + 1) + (d >= 0 && k > 0 ? ec.propose_s[d] : 0.0);
+        predicted = econ_pass_cost(&ec, m + 1) + (d >= 0 && k > 0 ? ec.propose_s[d] : 0.0);
         drafts[0] = anchor;
         int T = m + 1;
         double stall0 = store_stall(s), tp = timer_now();
@@ -399,9 +205,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             break;
         }
         double took = timer_now() - tp, stalled = store_stall(s) - stall0;
-        ema(&ec.pass_s[T], took);
-        if (T == 1 && took > 0)
-            ec.io_frac = (1 - EMA) * ec.io_frac + EMA * (stalled / took < 1 ? stalled / took : 1);
+        econ_passed(&ec, T, took, stalled);
         st->passes++;
         st->predicted_s += predicted;
         st->measured_s += took;
@@ -413,18 +217,15 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             const float *row = session_logits(s, j);
             int ok = rule(sm, row, drafts[1 + j], q ? q + (size_t)j * V : NULL, base + 1 + j, &next);
             st->draft[d].by_pos_tried[j]++;
-            double w = 1.0 / (++ec.ruled[d][cls][j] + 1); /* a running mean with the prior as one sample, */
-            w = w > EMA ? w : EMA;                           /* then the EMA */
-            ec.acc[d][cls][j] = (1 - w) * ec.acc[d][cls][j] + w * ok;
+            econ_ruled(&ec, d, cls, j, ok);
             if (!ok)
                 break;
             st->draft[d].by_pos_kept[j]++;
             kept++;
             stop = emit(&em, drafts[1 + j], base + 1 + j, row);
         }
-        if (probe && m > 0) /* a probe that found guesses kept comes back soon, else ever later */
-            ec.probe_every = kept ? GEN_PROBE_EVERY
-                                  : (ec.probe_every * 2 < ECON_PROBE_MAX ? ec.probe_every * 2 : ECON_PROBE_MAX);
+        if (!rq->fixed)
+            econ_step_done(&ec, d, cls, m, kept, &es);
         if (d >= 0 && m > 0) {
             st->draft[d].steps++;
             st->draft[d].proposed += (uint64_t)m;

@@ -26,7 +26,9 @@
  * drafter beats plain decode it decodes plainly, probing the drafters in turn with one guess every
  * GEN_PROBE_EVERY steps, twice as seldom after each probe that kept nothing. A drafter that could
  * not pay even if every guess were kept is neither warmed up nor probed; one that costs next to
- * nothing (the n-gram one) is asked every step and judged optimistically (docs/drafting.md).
+ * nothing (the n-gram one) is asked every step and judged optimistically, and a class of its
+ * guesses that does not pay gets one verified now and then (docs/drafting.md). The economics
+ * itself is econ.h's.
  */
 #ifndef DF_ENGINE_GENERATE_H
 #define DF_ENGINE_GENERATE_H

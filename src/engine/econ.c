@@ -1,0 +1,253 @@
+/* econ.c — see econ.h; the model it weighs is generate.h's (docs/drafting.md). */
+#include "engine/econ.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+static const double EMA = 0.25;    /* weight of a new measurement */
+static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
+/* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
+ * step, and its guesses are verified when their class pays (a plain pass when none come). Its
+ * optimism: 0.5 kept verifying n-gram guesses on chat from RAM that cost more than they saved
+ * (0.89-0.90x of no drafting, 0.93-0.94x at 0.25; bench/results/drafting.md) */
+static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.25;
+/* before its first ask, a drafter that can say what an ask costs (draft.h: cost) is judged as a good
+ * drafter would be: this share of its guesses kept, position after position */
+static const double ACC_GOOD = 0.8;
+
+static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
+
+/* a pass of T positions relative to one, by the model of generate.h: compute grows slowly with T,
+ * reads with the union of the experts the positions route to */
+static double shape(const econ *e, int T)
+{
+    return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
+}
+
+/* the time of a pass of T positions: measured, or the largest measured smaller one scaled by the
+ * model (it carries the routing locality and cache hits the model does not know) */
+static double pass_cost(const econ *e, int T)
+{
+    if (e->pass_s[T] > 0)
+        return e->pass_s[T];
+    for (int t = T - 1; t >= 1; t--)
+        if (e->pass_s[t] > 0)
+            return e->pass_s[t] * shape(e, T) / shape(e, t);
+    return 1e-3 * shape(e, T);
+}
+
+int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
+
+/* expected tokens of a step of drafter d with k guesses of class c; a position never ruled on is
+ * taken as a little less likely than the one before it. A free drafter is judged optimistically
+ * (an upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and
+ * a class judged on two rulings below break-even would otherwise never be verified again. */
+static double expected(const econ *e, int d, int c, int k)
+{
+    double E = 1, run = 1, a = ACC_PRIOR;
+    int opt = econ_is_free(e, d);
+    for (int j = 0; j < k; j++) {
+        int n = e->ruled[d][c][j];
+        a = n ? e->acc[d][c][j] : j ? a * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
+        double b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
+        run *= b < 1 ? b : 1;
+        E += run;
+    }
+    return E;
+}
+
+/* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c,
+ * proposing costing `extra` */
+static int best_k(const econ *e, int d, int c, int kmax, double extra, double *rate)
+{
+    int best = 0;
+    *rate = 1.0 / pass_cost(e, 1);
+    for (int k = 1; k <= kmax; k++) {
+        double r = expected(e, d, c, k) / (pass_cost(e, k + 1) + extra);
+        if (r > *rate) {
+            *rate = r;
+            best = k;
+        }
+    }
+    return best;
+}
+
+/* Before drafter d's first ask, from its own estimate of the cost: would a good drafter (ACC_GOOD)
+ * win back more than that first ask's catch-up (a model drafter prefilling the prompt) over the
+ * tokens still wanted, for some k? */
+static int first_ask_pays(const econ *e, int d, int kmax)
+{
+    drafter *dr = e->dr[d];
+    /* its estimate is in the target's passes from RAM: the reads a pass waits on are the target's */
+    double p1 = pass_cost(e, 1), compute = p1 * (1 - e->io_frac);
+    for (int k = 1; k <= kmax; k++) {
+        double once, step = dr->cost(dr, e->n_seq, k, &once);
+        double E = 0, run = 1;
+        for (int j = 0; j <= k; j++, run *= ACC_GOOD)
+            E += run;
+        double per_token = (pass_cost(e, k + 1) + step * compute) / E;
+        if (per_token < p1 && (p1 - per_token) * e->remaining > once * compute)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether drafter d could pay at all: even if every guess were kept, does some k beat a plain
+ * pass, its proposing costing what it did? Before it was asked: its own estimate when it gives one
+ * (first_ask_pays), else yes. A drafter that cannot is neither warmed up nor probed: its asks are
+ * pure cost. */
+static int can_pay(const econ *e, int d, int kmax)
+{
+    if (e->asked[d] == 0)
+        return e->dr[d]->cost ? first_ask_pays(e, d, kmax) : 1;
+    double plain = 1.0 / pass_cost(e, 1);
+    for (int k = 1; k <= kmax; k++)
+        if ((k + 1) / (pass_cost(e, k + 1) + e->propose_s[d]) > plain)
+            return 1;
+    return 0;
+}
+
+void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *best_k_out, econ_step *st)
+{
+    const int nd = e->nd;
+    *st = (econ_step){0};
+    e->n_seq = n_seq;
+    e->remaining = remaining;
+    *best_d = -1;
+    *best_k_out = 0;
+    for (int i = 0; i < nd; i++) { /* warm-up, in turn */
+        int d = (e->turn + i) % nd;
+        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && can_pay(e, d, kmax)) {
+            e->turn = d + 1;
+            *best_d = d;
+            *best_k_out = 1;
+            st->warm = 1;
+            return;
+        }
+    }
+    double best = 1.0 / pass_cost(e, 1);
+    for (int d = 0; d < nd; d++) {
+        double r;
+        if (!can_pay(e, d, kmax)) /* (before its first ask, its propose_s is not known yet) */
+            continue;
+        int k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], &r);
+        if (k > 0 && r > best) {
+            best = r;
+            *best_d = d;
+            *best_k_out = k;
+        }
+    }
+    if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */
+        e->since_probe = 0;                                                /* of each drafter in turn */
+        for (int i = 0; i < nd && *best_d < 0; i++) {
+            int d = (e->probe_turn + i) % nd;
+            if (can_pay(e, d, kmax)) {
+                e->probe_turn = d + 1;
+                *best_d = d;
+                *best_k_out = 1;
+                st->probe = 1;
+            }
+        }
+    }
+    for (int d = 0; d < nd && *best_d < 0; d++) /* nothing else this step: a free drafter's guesses */
+        if (econ_is_free(e, d)) {
+            *best_d = d;
+            *best_k_out = kmax;
+        }
+    if (*best_d >= 0 && e->guessed[*best_d] < ECON_WARMUP)
+        st->warm = 1;
+}
+
+void econ_init(econ *e, drafter *const *dr, int nd, int top_k, int n_experts, int streaming)
+{
+    assert(nd >= 0 && nd <= GEN_MAX_DRAFTERS);
+    memset(e, 0, sizeof *e);
+    e->dr = dr;
+    e->nd = nd;
+    for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++) { /* experts a pass of T positions reads, uniform routing */
+        double K = top_k, E = n_experts > 0 ? n_experts : 1;
+        e->union_ratio[T] = streaming && n_experts > 0 ? E * (1 - pow(1 - K / E, T)) / K : 1.0;
+    }
+    for (int d = 0; d < nd; d++)
+        for (int c = 0; c < DRAFT_CLASSES; c++) {
+            e->offer_gap[d][c] = ECON_CLASS_PROBE;
+            for (int j = 0; j < GEN_MAX_DRAFT; j++)
+                e->acc[d][c][j] = ACC_PRIOR;
+        }
+    e->probe_every = GEN_PROBE_EVERY;
+}
+
+double econ_first_ask_extra(const econ *e, int d, int n, int k)
+{
+    assert(d >= 0 && d < e->nd);
+    drafter *dr = e->dr[d];
+    double once = 0;
+    if (e->asked[d] == 0 && dr->cost)
+        dr->cost(dr, n, k, &once);
+    return once * pass_cost(e, 1) * (1 - e->io_frac);
+}
+
+void econ_asked(econ *e, int d, double dt, double once, int m, int cls)
+{
+    assert(d >= 0 && d < e->nd && m >= 0 && cls >= 0 && cls < DRAFT_CLASSES);
+    ema(&e->propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
+    e->asked[d]++;
+    e->guessed[d] += m > 0;
+    if (m > 0)
+        e->last_cls[d] = cls;
+}
+
+int econ_verify(econ *e, int d, int cls, int m, econ_step *st)
+{
+    assert(d >= 0 && d < e->nd && m > 0 && cls >= 0 && cls < DRAFT_CLASSES);
+    if (st->warm || st->probe) /* (their ask was for one guess) */
+        return m;
+    if (e->ruled[d][cls][0] < ECON_WARMUP) /* a class not yet ruled on gets one tried */
+        return 1;
+    double r;
+    int k = best_k(e, d, cls, m, 0.0, &r);
+    if (k > 0 || !econ_is_free(e, d)) {
+        e->offers[d][cls] = 0;
+        return k;
+    }
+    if (++e->offers[d][cls] < e->offer_gap[d][cls])
+        return 0;
+    e->offers[d][cls] = 0;
+    st->class_probe = 1;
+    return 1;
+}
+
+double econ_pass_cost(const econ *e, int T)
+{
+    assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
+    return pass_cost(e, T);
+}
+
+void econ_passed(econ *e, int T, double took, double stalled)
+{
+    assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
+    ema(&e->pass_s[T], took);
+    if (T == 1 && took > 0)
+        e->io_frac = (1 - EMA) * e->io_frac + EMA * (stalled / took < 1 ? stalled / took : 1);
+}
+
+void econ_ruled(econ *e, int d, int cls, int j, int kept)
+{
+    assert(d >= 0 && d < e->nd && cls >= 0 && cls < DRAFT_CLASSES && j >= 0 && j < GEN_MAX_DRAFT);
+    double w = 1.0 / (++e->ruled[d][cls][j] + 1); /* a running mean with the prior as one sample, */
+    w = w > EMA ? w : EMA;                          /* then the EMA */
+    e->acc[d][cls][j] = (1 - w) * e->acc[d][cls][j] + w * kept;
+}
+
+void econ_step_done(econ *e, int d, int cls, int m, int kept, const econ_step *st)
+{
+    assert(kept >= 0 && kept <= m);
+    if (st->probe && m > 0) /* a probe that found guesses kept comes back soon, else ever later */
+        e->probe_every = kept ? GEN_PROBE_EVERY : (e->probe_every * 2 < ECON_PROBE_MAX ? e->probe_every * 2 : ECON_PROBE_MAX);
+    if (st->class_probe) {
+        assert(d >= 0 && d < e->nd && m == 1);
+        int *g = &e->offer_gap[d][cls];
+        *g = kept ? ECON_CLASS_PROBE : (*g * 2 < ECON_PROBE_MAX ? *g * 2 : ECON_PROBE_MAX);
+    }
+}
