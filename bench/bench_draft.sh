@@ -17,22 +17,7 @@ ROUNDS=${2:-3}
 NEW=${3:-128}
 B=${DELTAFIN:-./deltafin}
 D=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$W"
-[ -f "$W/store/manifest.json" ] || $B prepare --model "$D/models/default" --out "$W/store" >/dev/null
-ln -sfn "$D/models/default-dspark" "$W/store-dspark"
-ln -sfn "$D/models/default-qwen3-drafter" "$W/store-qwen3-drafter"
-for i in 1 2 3; do tar -xOJf "$D/tests/data/drafting/dspark-ref.tar.xz" "./code$i.py" > "$W/code$i.py"; done
-# the budget: every non-expert blob and a quarter of the experts (4 KiB-padded, as the store keeps them)
-BUDGET=$(python3 - "$W/store/manifest.json" <<'EOF'
-import json, sys
-b = json.load(open(sys.argv[1]))["blobs"]
-pad = lambda n: (n + 4095) // 4096 * 4096
-ex = [pad(x["size"]) for x in b if x["kind"] == "expert"]
-print(sum(pad(x["size"]) for x in b if x["kind"] != "expert") + len(ex) // 4 * max(ex))
-EOF
-)
-CHATS=("Write a Python function that reverses a linked list." "Explain what a Python generator is, with an example."
-       "How do I read a CSV file in Python and sum one of its columns?")
+. "$D/bench/draft_setup.sh"
 DRAFTERS=(none ngram qwen dspark auto)
 echo "== machine"; nproc; free -g | head -2; date -u; git -C "$D" log -1 --format=%h
 echo "== store budget $BUDGET bytes (globals, spines and a quarter of the experts)"

@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
 # bench/bench_draft_ab.sh WORK ROUNDS DRAFTER OLD NEW — one drafter setting (e.g. auto) in two
-# builds of deltafin, alternated run by run, on bench_draft.sh's prompts and settings (run that
-# once first: it prepares WORK/store, links the drafters and writes WORK/code*.py). Prints a line
+# builds of deltafin, alternated run by run, on bench_draft.sh's prompts and settings
+# (bench/draft_setup.sh prepares them, with NEW as the binary that prepares the store). Prints a line
 # per run ("setting prompt build tok/s passes") and the medians per setting, prompt and build,
 # with none's from the NEW build for reference. Timing only: nothing here is a test.
 set -euo pipefail
 W=$1 ROUNDS=$2 DR=$3 OLD=$4 NEW=$5
 D=$(cd "$(dirname "$0")/.." && pwd)
-BUDGET=$(python3 - "$W/store/manifest.json" <<'PY'
-import json, sys
-b = json.load(open(sys.argv[1]))["blobs"]
-pad = lambda n: (n + 4095) // 4096 * 4096
-ex = [pad(x["size"]) for x in b if x["kind"] == "expert"]
-print(sum(pad(x["size"]) for x in b if x["kind"] != "expert") + len(ex) // 4 * max(ex))
-PY
-)
-CHATS=("Write a Python function that reverses a linked list." "Explain what a Python generator is, with an example."
-       "How do I read a CSV file in Python and sum one of its columns?")
+B=$NEW
+. "$D/bench/draft_setup.sh"
 one() { # binary setting kind prompt drafter
   local model=(--model "$D/models/default") extra=()
   [ "$2" = store ] && model=(--model "$W/store" --ram-budget "$BUDGET" --emulate-drives 100:200)

@@ -240,14 +240,20 @@ void econ_ruled(econ *e, int d, int cls, int j, int kept)
     e->acc[d][cls][j] = (1 - w) * e->acc[d][cls][j] + w * kept;
 }
 
+/* a probe's next gap: back to `first` when it found guesses kept, else twice as long (at most
+ * ECON_PROBE_MAX) */
+static int backoff(int gap, int first, int kept)
+{
+    return kept ? first : gap * 2 < ECON_PROBE_MAX ? gap * 2 : ECON_PROBE_MAX;
+}
+
 void econ_step_done(econ *e, int d, int cls, int m, int kept, const econ_step *st)
 {
     assert(kept >= 0 && kept <= m);
-    if (st->probe && m > 0) /* a probe that found guesses kept comes back soon, else ever later */
-        e->probe_every = kept ? GEN_PROBE_EVERY : (e->probe_every * 2 < ECON_PROBE_MAX ? e->probe_every * 2 : ECON_PROBE_MAX);
+    if (st->probe && m > 0)
+        e->probe_every = backoff(e->probe_every, GEN_PROBE_EVERY, kept);
     if (st->class_probe) {
         assert(d >= 0 && d < e->nd && m == 1);
-        int *g = &e->offer_gap[d][cls];
-        *g = kept ? ECON_CLASS_PROBE : (*g * 2 < ECON_PROBE_MAX ? *g * 2 : ECON_PROBE_MAX);
+        e->offer_gap[d][cls] = backoff(e->offer_gap[d][cls], ECON_CLASS_PROBE, kept);
     }
 }

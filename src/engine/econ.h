@@ -1,7 +1,7 @@
 /* econ.h — the decode loop's economics (generate.h states the model): what it has measured of pass
  * times and of each drafter's acceptance, and the choices it makes from them. generate.c drives
  * it step by step; it reads no clock and runs no pass, so a test can drive it with costs and
- * rulings of its own (tests/test_draft.c).
+ * rulings of its own (tests/test_econ.c).
  *
  * A step, in order:
  *   econ_choose      the drafter (-1: none) and the k to ask it for;
