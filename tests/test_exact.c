@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "test.h"
+#include "model/moe_route.h"
 #include "test_util.h"
 
 /* The longest prompt of a case (its ids), or n tokens counting up for the default model. */
@@ -127,3 +128,34 @@ TEST(exact_kimi_k2_int4) { oracle_case("kimi_k2-int4"); }
 TEST(exact_qwen3) { oracle_case("qwen3-a"); }
 TEST(exact_qwen3_moe) { oracle_case("qwen3_moe-a"); }
 TEST(exact_default_model) { matrix("models/default"); }
+
+/* The GPU router (cuda_blk.cu's k_route) keeps the experts of rank below k in moe_before's order
+ * instead of running moe_topk: the same experts whenever no value is NaN. Random choices drawn from
+ * a few values (ties), with -inf (grouped routing's dropped groups) and both zeros, every k. */
+TEST(exact_moe_rank_pick_is_moe_topk)
+{
+    static const float vals[] = {0.25f, 0.5f, 0.5f, -0.0f, 0.0f, 1.0f, -INFINITY, 0.125f, 3.0f, -2.0f};
+    uint32_t r = 12345;
+    for (int trial = 0; trial < 400; trial++) {
+        int n = 1 + trial % 97;
+        float v[97];
+        for (int i = 0; i < n; i++) {
+            r = r * 1664525u + 1013904223u;
+            v[i] = trial % 3 ? vals[(r >> 16) % 10] : (float)((r >> 8) & 0xFFFF) / 65536.0f;
+        }
+        for (int k = 1; k <= n; k += 1 + n / 9) {
+            int ref[97], got[97], m = 0;
+            moe_topk(v, n, k, ref);
+            moe_sort_ids(ref, k);
+            for (int e = 0; e < n; e++) {
+                int rank = 0;
+                for (int i = 0; i < n; i++)
+                    rank += moe_before(v, i, e);
+                if (rank < k)
+                    got[m++] = e;
+            }
+            CHECKF(m == k && memcmp(ref, got, sizeof(int) * (size_t)k) == 0,
+                   "trial %d, n %d, k %d: rank pick of %d experts differs from moe_topk", trial, n, k, m);
+        }
+    }
+}

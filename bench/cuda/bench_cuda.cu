@@ -8,7 +8,8 @@
  *   T = 1 .. 8.
  * Each shape's weights come in enough copies to exceed the L2 cache, used in turn, so that every
  * pass reads HBM. Times are CUDA events around `iters` launches after a warm-up.
- *   usage: bench_cuda [--iters N] */
+ *   usage: bench_cuda [--iters N] [--fmt bf16|mxfp4|int4-g32] [--shape 0|1|2] (that format, that
+ *   shape of the three alone) */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,9 +91,15 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b)
 int main(int argc, char **argv)
 {
     int iters = 20;
+    const char *only = NULL;
+    int only_shape = -1;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fmt") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc)
+            only_shape = atoi(argv[++i]);
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -133,6 +140,8 @@ int main(int argc, char **argv)
     for (int fi = 0; fi < 3; fi++)
         for (int si = 0; si < 3; si++) {
             int fmt = fmts[fi], rows = shapes[si][0], cols = shapes[si][1];
+            if ((only && strcmp(only, wfmt_table[fmt].name) != 0) || (only_shape >= 0 && only_shape != si))
+                continue;
             uint8_t *hd, *hs;
             size_t db, sb;
             fill(fmt, rows, cols, &hd, &db, &hs, &sb);

@@ -2,7 +2,9 @@
  * order their outputs are summed in), and with what weights (blk_moe.c's header says how). One
  * source for the CPU's MoE block and the GPU's (src/backend/cuda), compiled for each, as kmath.h
  * is: the same operations in the same order, so both devices choose the same experts with the
- * same weight bits. */
+ * same weight bits. moe_route runs the steps one after another; the GPU runs each element-wise
+ * step (moe_score, moe_choice) across threads, the sums in order in one thread (moe_weights), and
+ * picks the top k by rank (moe_before), which is moe_topk's choice whenever no value is NaN. */
 #ifndef DF_MODEL_MOE_ROUTE_H
 #define DF_MODEL_MOE_ROUTE_H
 
@@ -37,51 +39,57 @@ MR_FN void moe_topk(const float *v, int n, int k, int *idx)
     }
 }
 
-MR_FN void moe_route(const hparams *hp, const float *bias, const float *logit, float *tmp, int *sel, float *wt)
+/* Whether v[a] comes before v[b] in moe_topk's order: descending, ties to the lower index. Without
+ * NaNs this is a total order, and moe_topk keeps exactly the elements that fewer than k others
+ * come before (its insertion is a stable sort); a NaN compares false both ways, and moe_topk's
+ * choice is then its own. */
+MR_FN int moe_before(const float *v, int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+
+/* The softmax router's first step: the largest logit, NaNs passed over (any order gives it). */
+MR_FN float moe_max_step(float mx, float logit) { return logit > mx ? logit : mx; }
+
+/* expert e's score before the softmax's division by the sum of every score (mx: moe_max_step over
+ * all logits; the sigmoid router has no division) */
+MR_FN float moe_score(const hparams *hp, const float *logit, int e, float mx)
 {
-    int E = hp->n_experts, K = hp->top_k;
-    float *score = tmp, *choice = tmp + E;
-    if (hp->router == ROUTER_SOFTMAX) {
-        float mx = -INFINITY, sum = 0.0f;
-        for (int e = 0; e < E; e++)
-            mx = logit[e] > mx ? logit[e] : mx;
-        for (int e = 0; e < E; e++) {
-            score[e] = km_expf(logit[e] - mx);
-            sum += score[e];
-        }
-        for (int e = 0; e < E; e++)
-            score[e] /= sum;
-    } else {
-        for (int e = 0; e < E; e++)
-            score[e] = km_sigmoidf(logit[e]);
-    }
-    for (int e = 0; e < E; e++)
-        choice[e] = score[e] + (bias ? bias[e] : 0.0f);
-    if (hp->n_group > 1) { /* keep the topk_group groups with the best top-2 sums */
-        int G = hp->n_group, per = E / G, gsel[MODEL_MAX_GROUPS], top2[2];
-        float gscore[MODEL_MAX_GROUPS]; /* G <= MAX_GROUPS (cfg_validate) */
-        for (int g = 0; g < G; g++) {
-            moe_topk(choice + g * per, per, 2, top2);
-            gscore[g] = choice[g * per + top2[0]] + choice[g * per + top2[1]];
-        }
-        moe_topk(gscore, G, hp->topk_group, gsel);
-        for (int g = 0; g < G; g++) {
-            int keep = 0;
-            for (int j = 0; j < hp->topk_group; j++)
-                keep |= gsel[j] == g;
-            if (!keep)
-                for (int e = g * per; e < (g + 1) * per; e++)
-                    choice[e] = -INFINITY;
-        }
-    }
-    moe_topk(choice, E, K, sel);
-    /* ascending expert id: the summation order of this position's experts */
+    return hp->router == ROUTER_SOFTMAX ? km_expf(logit[e] - mx) : km_sigmoidf(logit[e]);
+}
+
+/* expert e's selection value: its score plus the selection bias */
+MR_FN float moe_choice(const float *score, const float *bias, int e) { return score[e] + (bias ? bias[e] : 0.0f); }
+
+/* group g's value in grouped routing: the sum of its two best choices (per experts a group) */
+MR_FN float moe_group_score(const float *choice, int g, int per)
+{
+    int top2[2];
+    moe_topk(choice + g * per, per, 2, top2);
+    return choice[g * per + top2[0]] + choice[g * per + top2[1]];
+}
+
+/* whether group g is among gsel's n kept groups */
+MR_FN int moe_group_kept(const int *gsel, int n, int g)
+{
+    int keep = 0;
+    for (int j = 0; j < n; j++)
+        keep |= gsel[j] == g;
+    return keep;
+}
+
+/* sel's K chosen experts in ascending id: the summation order of this position's experts */
+MR_FN void moe_sort_ids(int *sel, int K)
+{
     for (int a = 1; a < K; a++)
         for (int c = a; c > 0 && sel[c] < sel[c - 1]; c--) {
             int t = sel[c];
             sel[c] = sel[c - 1];
             sel[c - 1] = t;
         }
+}
+
+/* the weights of the K experts sel (ascending) from their scores: normalized, then scaled */
+MR_FN void moe_weights(const hparams *hp, const float *score, const int *sel, float *wt)
+{
+    int K = hp->top_k;
     float sum = 0.0f;
     for (int j = 0; j < K; j++) {
         wt[j] = score[sel[j]];
@@ -94,6 +102,40 @@ MR_FN void moe_route(const hparams *hp, const float *bias, const float *logit, f
     }
     for (int j = 0; j < K; j++)
         wt[j] *= hp->routed_scale;
+}
+
+MR_FN void moe_route(const hparams *hp, const float *bias, const float *logit, float *tmp, int *sel, float *wt)
+{
+    int E = hp->n_experts, K = hp->top_k;
+    float *score = tmp, *choice = tmp + E, mx = -INFINITY;
+    if (hp->router == ROUTER_SOFTMAX)
+        for (int e = 0; e < E; e++)
+            mx = moe_max_step(mx, logit[e]);
+    for (int e = 0; e < E; e++)
+        score[e] = moe_score(hp, logit, e, mx);
+    if (hp->router == ROUTER_SOFTMAX) {
+        float sum = 0.0f;
+        for (int e = 0; e < E; e++)
+            sum += score[e];
+        for (int e = 0; e < E; e++)
+            score[e] /= sum;
+    }
+    for (int e = 0; e < E; e++)
+        choice[e] = moe_choice(score, bias, e);
+    if (hp->n_group > 1) { /* keep the topk_group groups with the best top-2 sums */
+        int G = hp->n_group, per = E / G, gsel[MODEL_MAX_GROUPS];
+        float gscore[MODEL_MAX_GROUPS]; /* G <= MAX_GROUPS (cfg_validate) */
+        for (int g = 0; g < G; g++)
+            gscore[g] = moe_group_score(choice, g, per);
+        moe_topk(gscore, G, hp->topk_group, gsel);
+        for (int g = 0; g < G; g++)
+            if (!moe_group_kept(gsel, hp->topk_group, g))
+                for (int e = g * per; e < (g + 1) * per; e++)
+                    choice[e] = -INFINITY;
+    }
+    moe_topk(choice, E, K, sel);
+    moe_sort_ids(sel, K);
+    moe_weights(hp, score, sel, wt);
 }
 
 /* Groups the n = T * K choices sel[j] (j = t * K + slot) by expert, by counting sort:

@@ -182,6 +182,22 @@ static void cu_matmul(const blk *b, const kmat *w, const float *x, int T, float 
     cudak_matmul(&m, 0, w->rows, x, (size_t)w->cols, T, y, (size_t)w->rows, NULL);
 }
 
+/* Products that read nothing another writes, y[i] = w[i] x[i], in one cudak_matmul_set: at decode a
+ * projection of a few thousand rows leaves most of the GPU idle, and a block's projections of one
+ * input together fill it (the same bits as one cu_matmul each). w[i] may be NULL: skipped. */
+enum { MM_N = 6 };
+static void cu_matmul_n(const blk *b, int n, const kmat *const w[], const float *const x[], int T, float *const y[])
+{
+    cudak_mm mm[MM_N];
+    int k = 0;
+    assert(n <= MM_N);
+    for (int i = 0; i < n; i++)
+        if (w[i])
+            mm[k++] = (cudak_mm){.w = dev_mat(b->dev, w[i]), .x = x[i], .ldx = (size_t)w[i]->cols, .y = y[i],
+                                 .ldy = (size_t)w[i]->rows, .r0 = 0, .r1 = w[i]->rows, .T = T};
+    cudak_matmul_set(mm, k, NULL);
+}
+
 static int mat_add(cuda_dev *d, const kmat *w, errbuf *err)
 {
     if (!w->data)
@@ -532,9 +548,10 @@ static int cuda_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, con
     float **chunks;
     if (!q || !k || !v || !o || attn_tables(b, st, pos0, T, nh, &cs, &chunks))
         return -1;
-    cu_matmul(b, &w->q, x, T, q);
-    cu_matmul(b, &w->k, x, T, k);
-    cu_matmul(b, &w->v, x, T, v);
+    const kmat *pw[3] = {&w->q, &w->k, &w->v};
+    const float *px[3] = {x, x, x};
+    float *py[3] = {q, k, v};
+    cu_matmul_n(b, 3, pw, px, T, py);
     if (w->q_norm) {
         cudab_rmsnorm(q, dev_vec(b, w->q_norm), T * nh, hd, (size_t)hd, hp->rms_eps, q, NULL);
         cudab_rmsnorm(k, dev_vec(b, w->k_norm), T * nkv, hd, (size_t)hd, hp->rms_eps, k, NULL);
@@ -562,18 +579,20 @@ static int cuda_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, con
         return -1;
     if (dev_grow(&d->wkv, &d->wkv_cap, (size_t)w->kv_b.rows * w->kv_b.cols, "MLA's decoded kv_b", b->err))
         return -1;
-    if (hp->q_lora_rank > 0) {
-        float *cq = blk_alloc(b, (size_t)T * hp->q_lora_rank);
-        if (!cq)
-            return -1;
-        cu_matmul(b, &w->q_a, x, T, cq);
+    float *cq = hp->q_lora_rank > 0 ? blk_alloc(b, (size_t)T * hp->q_lora_rank) : NULL;
+    float *g = hp->mla_out_gate ? blk_alloc(b, (size_t)T * ov) : NULL;
+    if ((hp->q_lora_rank > 0 && !cq) || (hp->mla_out_gate && !g))
+        return -1;
+    /* the products of x (the output gate's too, which blk_mla computes later: none reads another) */
+    const kmat *pw[3] = {hp->q_lora_rank > 0 ? &w->q_a : &w->q, &w->kv_a, g ? &w->g : NULL};
+    const float *px[3] = {x, x, x};
+    float *py[3] = {cq ? cq : q, kv, g};
+    cu_matmul_n(b, 3, pw, px, T, py);
+    if (cq) {
         cudab_rmsnorm(cq, dev_vec(b, w->q_a_norm), T, hp->q_lora_rank, (size_t)hp->q_lora_rank, hp->mla_norm_eps, cq,
                       NULL);
         cu_matmul(b, &w->q_b, cq, T, q);
-    } else {
-        cu_matmul(b, &w->q, x, T, q);
     }
-    cu_matmul(b, &w->kv_a, x, T, kv);
     cudab_rmsnorm(kv, dev_vec(b, w->kv_a_norm), T, r, (size_t)W, hp->mla_norm_eps, kv, NULL);
     if (hp->rope != ROPE_NONE) {
         int inter = hp->rope == ROPE_INTERLEAVED;
@@ -584,13 +603,8 @@ static int cuda_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, con
     kmat kvb = dev_mat(d, &w->kv_b);
     cudak_decode_rows(&kvb, 0, w->kv_b.rows, d->wkv, NULL);
     cudab_mla_attend(q, d->wkv, chunks, pos0, T, nh, nope, rope, r, vd, hp->attn_scale, d->sc, o, NULL);
-    if (hp->mla_out_gate) {
-        float *g = blk_alloc(b, (size_t)T * ov);
-        if (!g)
-            return -1;
-        cu_matmul(b, &w->g, x, T, g);
+    if (g)
         cudab_gate(o, g, (size_t)T * ov, NULL);
-    }
     cu_matmul(b, &w->o, o, T, out);
     return 0;
 }
@@ -636,18 +650,15 @@ static int cuda_kda(const blk *b, const kda_w *w, layer_state *st, const float *
     float *ga = hp->kda_full_gate ? NULL : blk_alloc(b, (size_t)T * w->g_a.rows);
     if (!q || !k || !v || !fa || !f || !beta || !gate || !o || (!hp->kda_full_gate && !ga))
         return -1;
-    cu_matmul(b, &w->q, x, T, q);
-    cu_matmul(b, &w->k, x, T, k);
-    cu_matmul(b, &w->v, x, T, v);
-    cu_matmul(b, &w->f_a, x, T, fa);
-    cu_matmul(b, &w->f_b, fa, T, f);
-    cu_matmul(b, &w->b, x, T, beta);
-    if (hp->kda_full_gate) {
-        cu_matmul(b, &w->g, x, T, gate);
-    } else {
-        cu_matmul(b, &w->g_a, x, T, ga);
-        cu_matmul(b, &w->g_b, ga, T, gate);
-    }
+    int full = hp->kda_full_gate;
+    const kmat *pw[6] = {&w->q, &w->k, &w->v, &w->f_a, &w->b, full ? &w->g : &w->g_a};
+    const float *px[6] = {x, x, x, x, x, x};
+    float *py[6] = {q, k, v, fa, beta, full ? gate : ga};
+    cu_matmul_n(b, 6, pw, px, T, py);
+    const kmat *pw2[2] = {&w->f_b, full ? NULL : &w->g_b}; /* the low-rank gates' second halves */
+    const float *px2[2] = {fa, ga};
+    float *py2[2] = {f, gate};
+    cu_matmul_n(b, 2, pw2, px2, T, py2);
     if (st->log) {
         float *part[5] = {q, k, v, f, beta};
         kda_log_copy(hp, st->log, part, T, 1);
@@ -697,21 +708,29 @@ static int cuda_attn(const blk *b, int i, const layer_w *L, layer_state *st, int
     return rc;
 }
 
+/* blk_mlp after its gate and up products (g, u): the GLU into g, then down */
+static void mlp_finish(const blk *b, const mlp_w *w, int inter, float *g, const float *u, int T, float *out)
+{
+    const hparams *hp = b->hp;
+    cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, T * inter, hp->situ_beta,
+              hp->situ_linear_beta, NULL);
+    cu_matmul(b, &w->down, g, T, out);
+}
+
 /* blk_mlp */
 static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out)
 {
-    const hparams *hp = b->hp;
     size_t mark = arena_mark(b->ar);
     float *g = blk_alloc(b, (size_t)T * inter), *u = blk_alloc(b, (size_t)T * inter);
     if (!g || !u) {
         arena_rewind(b->ar, mark);
         return -1;
     }
-    cu_matmul(b, &w->gate, x, T, g);
-    cu_matmul(b, &w->up, x, T, u);
-    cudak_glu(hp->act == ACT_SITU ? KERN_GLU_SITU : KERN_GLU_SWIGLU, g, u, T * inter, hp->situ_beta,
-              hp->situ_linear_beta, NULL);
-    cu_matmul(b, &w->down, g, T, out);
+    const kmat *pw[2] = {&w->gate, &w->up};
+    const float *px[2] = {x, x};
+    float *py[2] = {g, u};
+    cu_matmul_n(b, 2, pw, px, T, py);
+    mlp_finish(b, w, inter, g, u, T, out);
     arena_rewind(b->ar, mark);
     return 0;
 }
@@ -958,7 +977,10 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     float *slots = blk_alloc(b, TK * D), *xe = hp->latent ? blk_alloc(b, (size_t)T * D) : NULL;
     float *r = blk_alloc(b, (size_t)T * D);
     float *sh = hp->n_shared > 0 ? blk_alloc(b, (size_t)T * H) : NULL;
-    if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !r || (hp->n_shared > 0 && !sh))
+    float *sg = sh ? blk_alloc(b, (size_t)T * hp->shared_inter) : NULL;
+    float *su = sh ? blk_alloc(b, (size_t)T * hp->shared_inter) : NULL;
+    if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !r ||
+        (hp->n_shared > 0 && (!sh || !sg || !su)))
         return -1;
     if (TK > d->moe_cap) { /* the longest pass so far, not every step */
         int *h = realloc(d->sel, sizeof(int) * (2 * TK + 3 * (size_t)E + 1));
@@ -968,7 +990,12 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
         d->moe_cap = TK;
     }
     int *h_sel = d->sel, *h_order = h_sel + TK, *h_uni = h_order + TK, *h_miss = h_uni + E, *h_start = h_miss + E;
-    cu_matmul(b, &w->router, x, T, logit);
+    /* every product of x in one launch: the router, the latent projection, the shared experts' gate and up */
+    const kmat *pw[4] = {&w->router, hp->latent ? &w->lat_down : NULL, sh ? &w->shared.gate : NULL,
+                         sh ? &w->shared.up : NULL};
+    const float *px[4] = {x, x, x, x};
+    float *py[4] = {logit, xe, sg, su};
+    cu_matmul_n(b, 4, pw, px, T, py);
     cudab_route(hp, dev_vec(b, w->bias), logit, T, tmp, sel, wt, NULL);
     cudaError_t e = cudaMemcpy(h_sel, sel, TK * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess)
@@ -976,10 +1003,8 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     int nu = moe_group(h_sel, (int)TK, E, h_start, h_order, h_uni);
     if ((e = cudaMemcpy(order, h_order, TK * sizeof(int), cudaMemcpyHostToDevice)) != cudaSuccess)
         return cu_err(b->err, "the experts' positions", e);
-    if (hp->latent)
-        cu_matmul(b, &w->lat_down, x, T, xe);
-    if (sh && cuda_mlp(b, &w->shared, hp->shared_inter, x, T, sh))
-        return -1;
+    if (sh)
+        mlp_finish(b, &w->shared, hp->shared_inter, sg, su, T, sh);
     moe_run run = {.b = b, .d = d, .I = I, .D = D, .start = h_start, .gx = d->moe_dev};
     run.g = run.gx + TK * D;
     run.u = run.g + TK * I;

@@ -16,25 +16,49 @@ extern "C" {
 
 enum { KV_CHUNK = 256 }; /* blk.h's BLK_KV_CHUNK */
 
-/* one warp per row; every lane has read its x before the shuffles, so y may be x */
+/* One block per row: warp 0's seq64 sum of squares, then every thread's share of the row, each
+ * thread reading RMS_BATCH elements (and weights) before it writes any, so that the reads overlap
+ * (y may be x: a thread writes only elements it has read). One warp writing the whole row one
+ * element at a time took 38-46 us at 3584 (the compiler cannot hoist a read above a write that
+ * may alias it). */
+enum { RMS_THREADS = 256, RMS_BATCH = 8 };
+
 __global__ void k_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y)
 {
-    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (t >= T)
-        return;
-    const float *xt = x + (size_t)t * ld;
-    float *yt = y + (size_t)t * ld;
-    float ss = warp_dot64(xt, xt, n);
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x & 31; i < n; i += 32)
-        yt[i] = w ? xt[i] * r * w[i] : xt[i] * r;
+    __shared__ float rs;
+    const float *xt = x + (size_t)blockIdx.x * ld;
+    float *yt = y + (size_t)blockIdx.x * ld;
+    if (threadIdx.x < 32) {
+        float ss = warp_dot64(xt, xt, n);
+        if (threadIdx.x == 0)
+            rs = 1.0f / sqrtf(ss / (float)n + eps);
+    }
+    __syncthreads();
+    float r = rs;
+    for (int i0 = threadIdx.x; i0 < n; i0 += RMS_BATCH * blockDim.x) {
+        float xv[RMS_BATCH], wv[RMS_BATCH];
+#pragma unroll
+        for (int m = 0; m < RMS_BATCH; m++) {
+            int i = i0 + m * blockDim.x;
+            xv[m] = i < n ? xt[i] : 0.0f;
+            wv[m] = w && i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int m = 0; m < RMS_BATCH; m++) {
+            int i = i0 + m * blockDim.x;
+            if (i < n)
+                yt[i] = w ? xv[m] * r * wv[m] : xv[m] * r;
+        }
+    }
 }
 
 extern "C" void cudab_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y,
                               void *stream)
 {
-    if (T > 0)
-        k_rmsnorm<<<(unsigned)((T + 7) / 8), 256, 0, (cudaStream_t)stream>>>(x, w, T, n, ld, eps, y);
+    /* a head's norm of a few dozen elements: a warp or a few */
+    unsigned threads = n >= (int)RMS_THREADS ? (unsigned)RMS_THREADS : (unsigned)(n + 31) / 32 * 32;
+    if (T > 0 && n > 0)
+        k_rmsnorm<<<(unsigned)T, threads, 0, (cudaStream_t)stream>>>(x, w, T, n, ld, eps, y);
 }
 
 __global__ void k_add(float *y, const float *a, size_t n)
@@ -114,6 +138,7 @@ __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int
     __syncthreads();
     if (threadIdx.x == 0) {
         float mx = -INFINITY;
+#pragma unroll 8
         for (int k = 0; k < n; k++) {
             s[k] = s[k] * scale;
             mx = s[k] > mx ? s[k] : mx;
@@ -127,6 +152,7 @@ __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int
     __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < n; k++)
             sum += s[k];
         red = sum;
@@ -139,6 +165,7 @@ __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int
     float *oh = o + ((size_t)t * nh + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < n; k++)
             acc = __fmaf_rn(s[k], chunks[k / KV_CHUNK][(size_t)(k % KV_CHUNK) * W + (size_t)(nkv + kvh) * hd + i], acc);
         oh[i] = acc;
@@ -153,21 +180,114 @@ extern "C" void cudab_gqa_attend(const float *q, float *const *chunks, int pos0,
                                                                           o);
 }
 
-/* one thread per position: moe_route.h's own code */
+/* One block per position, moe_route's steps (moe_route.h) with the element-wise ones spread over
+ * the block: the scores and choices in tmp (2E floats a position), the softmax's sum and the
+ * grouped routing's group picks in one thread in moe_route's order, then each expert's rank in
+ * moe_before's order over the choices; the experts of rank below K, ascending, are moe_topk's
+ * pick sorted by id. A choice that is NaN (compares false both ways) sends the position to
+ * moe_topk itself, in one thread. Shared memory: a ballot word per 32 experts, then the K ids and
+ * their weights. The serial router took 48 us a position on the H200 at 64 experts. */
+enum { ROUTE_THREADS = 256 };
+
 __global__ void k_route(hparams hp, const float *bias, const float *logit, int T, float *tmp, int *sel, float *wt)
 {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T)
-        return;
-    size_t E = (size_t)hp.n_experts, K = (size_t)hp.top_k;
-    moe_route(&hp, bias, logit + t * E, tmp + t * 2 * E, sel + t * K, wt + t * K);
+    extern __shared__ int rt_sh[];
+    __shared__ float red;
+    __shared__ float gscore[MODEL_MAX_GROUPS];
+    __shared__ int gsel[MODEL_MAX_GROUPS];
+    int t = blockIdx.x, E = hp.n_experts, K = hp.top_k, nw = (E + 31) / 32, lane = threadIdx.x & 31;
+    const float *lg = logit + (size_t)t * E;
+    float *score = tmp + (size_t)t * 2 * E, *choice = score + E;
+    unsigned *mask = (unsigned *)rt_sh;
+    int *sel_s = rt_sh + nw;
+    float *wt_s = (float *)(sel_s + K);
+    float mx = -INFINITY;
+    if (hp.router == ROUTER_SOFTMAX) {
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            mx = moe_max_step(mx, lg[e]);
+        for (int h = 16; h >= 1; h /= 2)
+            mx = moe_max_step(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, h));
+        if (threadIdx.x == 0)
+            red = -INFINITY;
+        __syncthreads();
+        for (int w = 0; w < (int)blockDim.x / 32; w++) { /* the warps' maxima in turn (no float atomics) */
+            if ((int)threadIdx.x == 32 * w)
+                red = moe_max_step(red, mx);
+            __syncthreads();
+        }
+        mx = red;
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        score[e] = moe_score(&hp, lg, e, mx);
+    __syncthreads();
+    if (hp.router == ROUTER_SOFTMAX) {
+        if (threadIdx.x == 0) {
+            float sum = 0.0f;
+#pragma unroll 8
+            for (int e = 0; e < E; e++)
+                sum += score[e];
+            red = sum;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            score[e] /= red;
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        choice[e] = moe_choice(score, bias, e);
+    __syncthreads();
+    if (hp.n_group > 1) {
+        int G = hp.n_group, per = E / G;
+        for (int g = threadIdx.x; g < G; g += blockDim.x)
+            gscore[g] = moe_group_score(choice, g, per);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            moe_topk(gscore, G, hp.topk_group, gsel);
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (!moe_group_kept(gsel, hp.topk_group, e / per))
+                choice[e] = -INFINITY;
+        __syncthreads();
+    }
+    int nan = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        nan |= choice[e] != choice[e];
+    if (__syncthreads_or(nan)) {
+        if (threadIdx.x == 0) {
+            moe_topk(choice, E, K, sel_s);
+            moe_sort_ids(sel_s, K);
+        }
+    } else {
+        for (int c = threadIdx.x / 32; c < nw; c += blockDim.x / 32) {
+            int e = 32 * c + lane, rank = 0;
+            if (e < E)
+                for (int i = 0; i < E && rank < K; i++)
+                    rank += moe_before(choice, i, e);
+            unsigned m = __ballot_sync(0xFFFFFFFFu, e < E && rank < K);
+            if (lane == 0)
+                mask[c] = m;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int c = 0, j = 0; c < nw; c++)
+                for (unsigned m = mask[c]; m; m &= m - 1)
+                    sel_s[j++] = 32 * c + __ffs((int)m) - 1;
+    }
+    if (threadIdx.x == 0)
+        moe_weights(&hp, score, sel_s, wt_s);
+    __syncthreads();
+    for (int j = threadIdx.x; j < K; j += blockDim.x) {
+        sel[(size_t)t * K + j] = sel_s[j];
+        wt[(size_t)t * K + j] = wt_s[j];
+    }
 }
 
 extern "C" void cudab_route(const hparams *hp, const float *bias, const float *logit, int T, float *tmp, int *sel,
                             float *wt, void *stream)
 {
+    size_t sh = sizeof(int) * ((size_t)(hp->n_experts + 31) / 32 + 2 * (size_t)hp->top_k);
     if (T > 0)
-        k_route<<<(unsigned)((T + 63) / 64), 64, 0, (cudaStream_t)stream>>>(*hp, bias, logit, T, tmp, sel, wt);
+        k_route<<<(unsigned)T, ROUTE_THREADS, sh, (cudaStream_t)stream>>>(*hp, bias, logit, T, tmp, sel, wt);
 }
 
 __global__ void k_gather(const float *x, const int *order, int n, int K, int D, float *gx)
@@ -217,23 +337,28 @@ extern "C" void cudab_moe_sum(const float *slots, const float *wt, int T, int K,
         k_moe_sum<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(slots, wt, T, K, D, r);
 }
 
-enum { MIX_MAX = 64 };
+enum { MIX_MAX = 64, MIX_BATCH = 4 };
 struct mix_src {
     float *p[MIX_MAX]; /* the stack's blocks, then the prefix */
 };
 
 /* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source),
- * the softmax by one thread in source order, then each element's weighted sum in source order. */
+ * the softmax by one thread in source order, then each element's weighted sum in source order.
+ * The block first asks the L2 for every source row (they were written layers ago, and a MoE
+ * layer's experts have since passed through the cache), so that the dots' reads wait on the L2
+ * rather than on memory. */
 __global__ void k_attnres_mix(mix_src src, int n, const float *u, int H, float eps, float *out)
 {
     __shared__ float s[MIX_MAX];
     size_t t = blockIdx.x;
-    int wi = threadIdx.x / 32, warps = blockDim.x / 32;
+    int wi = threadIdx.x / 32, warps = blockDim.x / 32, lines = (H + 31) / 32;
+    for (int e = threadIdx.x; e < n * lines; e += blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(src.p[e / lines] + t * H + (size_t)(e % lines) * 32));
     for (int j = wi; j < n; j += warps) {
         const float *v = src.p[j] + t * H;
-        float ss = warp_dot64(v, v, H);
+        float ss, d;
+        warp_dot64_2(v, v, u, H, &ss, &d);
         float r = 1.0f / sqrtf(ss / (float)H + eps);
-        float d = warp_dot64(v, u, H);
         if ((threadIdx.x & 31) == 0)
             s[j] = d * r;
     }
@@ -250,11 +375,25 @@ __global__ void k_attnres_mix(mix_src src, int n, const float *u, int H, float e
             s[j] = s[j] / sum;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; j++)
-            acc = __fmaf_rn(s[j], src.p[j][t * H + i], acc);
-        out[t * H + i] = acc;
+    for (int i0 = threadIdx.x; i0 < H; i0 += MIX_BATCH * blockDim.x) { /* MIX_BATCH elements a thread at once */
+        float acc[MIX_BATCH];
+#pragma unroll
+        for (int m = 0; m < MIX_BATCH; m++)
+            acc[m] = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < n; j++) {
+            float vv[MIX_BATCH];
+#pragma unroll
+            for (int m = 0; m < MIX_BATCH; m++)
+                vv[m] = i0 + m * (int)blockDim.x < H ? src.p[j][t * H + i0 + m * blockDim.x] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < MIX_BATCH; m++)
+                acc[m] = __fmaf_rn(s[j], vv[m], acc[m]);
+        }
+#pragma unroll
+        for (int m = 0; m < MIX_BATCH; m++)
+            if (i0 + m * (int)blockDim.x < H)
+                out[t * H + i0 + m * blockDim.x] = acc[m];
     }
 }
 
@@ -303,6 +442,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     float *s = sc + (size_t)blockIdx.x * (size_t)(gridDim.x / nh + pos0);
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         float a = 0.0f;
+#pragma unroll 8
         for (int d = 0; d < nope; d++)
             a = __fmaf_rn(qh[d], wk[(size_t)d * r + i], a);
         qa[i] = a;
@@ -319,6 +459,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     __syncthreads();
     if (threadIdx.x == 0) {
         float mx = -INFINITY;
+#pragma unroll 8
         for (int k = 0; k < n; k++)
             mx = s[k] > mx ? s[k] : mx;
         red[0] = mx;
@@ -329,6 +470,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < n; k++)
             sum += s[k];
         red[1] = sum;
@@ -337,16 +479,21 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     float sum = red[1];
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         float a = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < n; k++)
             a = __fmaf_rn(s[k] / sum, chunks[k / KV_CHUNK][(size_t)(k % KV_CHUNK) * W + i], a);
         ol[i] = a;
     }
     __syncthreads();
     float *oh = o + ((size_t)t * nh + h) * vd;
-    for (int e = wi; e < vd; e += warps) {
-        float v = warp_dot64(wv + (size_t)e * r, ol, r);
-        if (lane == 0)
+    for (int e = 2 * wi; e < vd; e += 2 * warps) { /* two outputs a warp at once (their reads overlap) */
+        float v, v2;
+        warp_dot64_2(ol, wv + (size_t)e * r, wv + (size_t)(e + 1 < vd ? e + 1 : e) * r, r, &v, &v2);
+        if (lane == 0) {
             oh[e] = v;
+            if (e + 1 < vd)
+                oh[e + 1] = v2;
+        }
     }
 }
 
@@ -403,11 +550,13 @@ extern "C" void cudab_short_conv(const float *wt, int K, int P, const float *win
     k_short_conv<<<(unsigned)((P + 127) / 128), 128, 0, (cudaStream_t)stream>>>(wt, K, P, win_in, win_out, u, T);
 }
 
-enum { KDA_MAX_D = 256 };
+enum { KDA_MAX_D = 256, KDA_BATCH = 16 };
 
-/* One block of d threads per head, its positions in order. Thread 0 does the sums the CPU does
- * left to right (the norms of q and k, the output's sum of squares); thread i the element-wise
- * rest of element i; kda_step goes a column per thread, as cuda_kern.cu's k_kda_step. */
+/* One block of d threads per head, its positions in order. Threads 0 and 32 do the sums the CPU
+ * does left to right (the norms of q and k, from shared memory), thread 0 the output's sum of
+ * squares; thread i the element-wise rest of element i; kda_step goes a column per thread, as
+ * cuda_kern.cu's k_kda_step, reading KDA_BATCH rows of its column before it uses any (the loads
+ * then overlap instead of each waiting out the last). */
 __global__ void k_kda_heads(hparams hp, const float *S_in, float *S, const float *q, const float *k, const float *v,
                             const float *f, const float *beta, const float *gate, const float *A, const float *dt_bias,
                             const float *o_norm, float *o, int T)
@@ -415,25 +564,39 @@ __global__ void k_kda_heads(hparams hp, const float *S_in, float *S, const float
     __shared__ float qs[KDA_MAX_D], ks[KDA_MAX_D], al[KDA_MAX_D], os[KDA_MAX_D], red[3];
     int h = blockIdx.x, d = hp.kda_dim, P = hp.kda_heads * d, i = threadIdx.x;
     float *Sh = S + (size_t)h * d * d;
-    if (S_in != S)
-        for (int r = 0; r < d; r++)
-            Sh[(size_t)r * d + i] = S_in[(size_t)h * d * d + (size_t)r * d + i];
+    if (S_in != S) /* (KDA_BATCH rows read before any is written: the reads overlap) */
+        for (int r0 = 0; r0 < d; r0 += KDA_BATCH) {
+            float sv[KDA_BATCH];
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                sv[m] = r0 + m < d ? S_in[(size_t)h * d * d + (size_t)(r0 + m) * d + i] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                if (r0 + m < d)
+                    Sh[(size_t)(r0 + m) * d + i] = sv[m];
+        }
     float qscale = 1.0f / sqrtf((float)d);
     for (int t = 0; t < T; t++) {
         size_t base = (size_t)t * P + (size_t)h * d;
         __syncthreads(); /* the last position's reads of the shared rows are done */
+        qs[i] = q[base + i];
+        ks[i] = k[base + i];
+        __syncthreads();
         if (i == 0) {
-            float qn = 0.0f, kn = 0.0f;
-            for (int j = 0; j < d; j++) {
-                qn += q[base + j] * q[base + j];
-                kn += k[base + j] * k[base + j];
-            }
+            float qn = 0.0f;
+            for (int j = 0; j < d; j++)
+                qn += qs[j] * qs[j];
             red[0] = 1.0f / sqrtf(qn + 1e-6f);
+        }
+        if (i == (d > 32 ? 32 : 0)) {
+            float kn = 0.0f;
+            for (int j = 0; j < d; j++)
+                kn += ks[j] * ks[j];
             red[1] = 1.0f / sqrtf(kn + 1e-6f);
         }
         __syncthreads();
-        qs[i] = q[base + i] * red[0] * qscale;
-        ks[i] = k[base + i] * red[1];
+        qs[i] = qs[i] * red[0] * qscale;
+        ks[i] = ks[i] * red[1];
         float z = f[base + i] + dt_bias[h * d + i], g;
         if (hp.kda_gate == KDA_GATE_LOWER_BOUND)
             g = hp.kda_lower_bound * km_sigmoidf(A[h] * z);
@@ -444,17 +607,33 @@ __global__ void k_kda_heads(hparams hp, const float *S_in, float *S, const float
         float bt = km_sigmoidf(beta[(size_t)t * hp.kda_heads + h]);
         /* kda_step, column i */
         float u = 0.0f;
-        for (int r = 0; r < d; r++) {
-            float sv = Sh[(size_t)r * d + i] * al[r];
-            Sh[(size_t)r * d + i] = sv;
-            u = __fmaf_rn(sv, ks[r], u);
+        for (int r0 = 0; r0 < d; r0 += KDA_BATCH) {
+            float sv[KDA_BATCH];
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                sv[m] = r0 + m < d ? Sh[(size_t)(r0 + m) * d + i] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                if (r0 + m < d) {
+                    float x = sv[m] * al[r0 + m];
+                    Sh[(size_t)(r0 + m) * d + i] = x;
+                    u = __fmaf_rn(x, ks[r0 + m], u);
+                }
         }
         u = bt * (v[base + i] - u);
         float oc = 0.0f;
-        for (int r = 0; r < d; r++) {
-            float sv = __fmaf_rn(ks[r], u, Sh[(size_t)r * d + i]);
-            Sh[(size_t)r * d + i] = sv;
-            oc = __fmaf_rn(sv, qs[r], oc);
+        for (int r0 = 0; r0 < d; r0 += KDA_BATCH) {
+            float sv[KDA_BATCH];
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                sv[m] = r0 + m < d ? Sh[(size_t)(r0 + m) * d + i] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < KDA_BATCH; m++)
+                if (r0 + m < d) {
+                    float x = __fmaf_rn(ks[r0 + m], u, sv[m]);
+                    Sh[(size_t)(r0 + m) * d + i] = x;
+                    oc = __fmaf_rn(x, qs[r0 + m], oc);
+                }
         }
         if (!o)
             continue;

@@ -916,6 +916,7 @@ __global__ void k_axpy_rows(float *y, const float *__restrict__ x, size_t ldx, c
     if (i >= len)
         return;
     float v = y[i];
+#pragma unroll 8
     for (int s = 0; s < n; s++)
         v = __fmaf_rn(a[s], x[(size_t)s * ldx + i], v);
     y[i] = v;
