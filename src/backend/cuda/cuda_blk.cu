@@ -1,8 +1,11 @@
 /* cuda_blk.cu — see cuda_blk.h. Built with cuda_kern.cu's flags (-fmad=false, IEEE division and
  * square root), so each expression rounds as the CPU's C does.
  *
- * A seq64 dot (a norm's sum of squares, an attention score) is one warp (cuda_warp.cuh). Sequential loops of the CPU code (a softmax's max and its sum over
- * keys in order) run in one thread, in the same order. */
+ * A seq64 dot (a norm's sum of squares, an attention score) is one warp (cuda_warp.cuh). Sequential
+ * loops of the CPU code (a softmax's max and its sum over keys in order) run in one thread, in the
+ * same order. At decode these kernels are a few blocks each, so a thread that waits on one read at
+ * a time costs a memory latency per element: each reads a batch of elements before it uses any
+ * (bench/results/cuda.md, 2026-12-04). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -23,7 +26,7 @@ enum { KV_CHUNK = 256 }; /* blk.h's BLK_KV_CHUNK */
  * may alias it). */
 enum { RMS_THREADS = 256, RMS_BATCH = 8 };
 
-__global__ void k_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y)
+__global__ void k_rmsnorm(const float *x, const float *w, int n, size_t ld, float eps, float *y)
 {
     __shared__ float rs;
     const float *xt = x + (size_t)blockIdx.x * ld;
@@ -58,7 +61,7 @@ extern "C" void cudab_rmsnorm(const float *x, const float *w, int T, int n, size
     /* a head's norm of a few dozen elements: a warp or a few */
     unsigned threads = n >= (int)RMS_THREADS ? (unsigned)RMS_THREADS : (unsigned)(n + 31) / 32 * 32;
     if (T > 0 && n > 0)
-        k_rmsnorm<<<(unsigned)T, threads, 0, (cudaStream_t)stream>>>(x, w, T, n, ld, eps, y);
+        k_rmsnorm<<<(unsigned)T, threads, 0, (cudaStream_t)stream>>>(x, w, n, ld, eps, y);
 }
 
 __global__ void k_add(float *y, const float *a, size_t n)
@@ -189,7 +192,7 @@ extern "C" void cudab_gqa_attend(const float *q, float *const *chunks, int pos0,
  * their weights. The serial router took 48 us a position on the H200 at 64 experts. */
 enum { ROUTE_THREADS = 256 };
 
-__global__ void k_route(hparams hp, const float *bias, const float *logit, int T, float *tmp, int *sel, float *wt)
+__global__ void k_route(hparams hp, const float *bias, const float *logit, float *tmp, int *sel, float *wt)
 {
     extern __shared__ int rt_sh[];
     __shared__ float red;
@@ -287,7 +290,7 @@ extern "C" void cudab_route(const hparams *hp, const float *bias, const float *l
 {
     size_t sh = sizeof(int) * ((size_t)(hp->n_experts + 31) / 32 + 2 * (size_t)hp->top_k);
     if (T > 0)
-        k_route<<<(unsigned)T, ROUTE_THREADS, sh, (cudaStream_t)stream>>>(*hp, bias, logit, T, tmp, sel, wt);
+        k_route<<<(unsigned)T, ROUTE_THREADS, sh, (cudaStream_t)stream>>>(*hp, bias, logit, tmp, sel, wt);
 }
 
 __global__ void k_gather(const float *x, const int *order, int n, int K, int D, float *gx)
