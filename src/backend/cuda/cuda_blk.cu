@@ -19,6 +19,23 @@ extern "C" {
 
 enum { KV_CHUNK = 256 }; /* blk.h's BLK_KV_CHUNK */
 
+/* v[0] + v[1] + ... + v[n - 1] left to right (the CPU's order) by thread 0, for every thread of the
+ * block; red: a shared float. The whole block calls. */
+__device__ float block_sum_in_order(const float *v, int n, float *red)
+{
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < n; k++)
+            sum += v[k];
+        *red = sum;
+    }
+    __syncthreads();
+    float sum = *red;
+    __syncthreads(); /* every thread has it before red is written again */
+    return sum;
+}
+
 /* One block per row: warp 0's seq64 sum of squares, then every thread's share of the row, each
  * thread reading RMS_BATCH elements (and weights) before it writes any, so that the reads overlap
  * (y may be x: a thread writes only elements it has read). One warp writing the whole row one
@@ -153,15 +170,7 @@ __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int
     for (int k = threadIdx.x; k < n; k += blockDim.x)
         s[k] = km_expf(s[k] - mx);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < n; k++)
-            sum += s[k];
-        red = sum;
-    }
-    __syncthreads();
-    float sum = red;
+    float sum = block_sum_in_order(s, n, &red);
     for (int k = threadIdx.x; k < n; k += blockDim.x)
         s[k] = s[k] / sum;
     __syncthreads();
@@ -224,16 +233,9 @@ __global__ void k_route(hparams hp, const float *bias, const float *logit, float
         score[e] = moe_score(&hp, lg, e, mx);
     __syncthreads();
     if (hp.router == ROUTER_SOFTMAX) {
-        if (threadIdx.x == 0) {
-            float sum = 0.0f;
-#pragma unroll 8
-            for (int e = 0; e < E; e++)
-                sum += score[e];
-            red = sum;
-        }
-        __syncthreads();
+        float sum = block_sum_in_order(score, E, &red);
         for (int e = threadIdx.x; e < E; e += blockDim.x)
-            score[e] /= red;
+            score[e] /= sum;
         __syncthreads();
     }
     for (int e = threadIdx.x; e < E; e += blockDim.x)
@@ -471,15 +473,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     for (int k = threadIdx.x; k < n; k += blockDim.x)
         s[k] = km_expf(s[k] - red[0]);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-#pragma unroll 8
-        for (int k = 0; k < n; k++)
-            sum += s[k];
-        red[1] = sum;
-    }
-    __syncthreads();
-    float sum = red[1];
+    float sum = block_sum_in_order(s, n, &red[1]);
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         float a = 0.0f;
 #pragma unroll 8
