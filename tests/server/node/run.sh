@@ -7,7 +7,7 @@
 # The npm packages (package.json / package-lock.json here, exact versions) are installed with
 # `npm ci` into BUILD_DIR/node, once: a later run reuses them while the lock file is the same. The
 # test files are copied beside them (ES modules resolve packages from their own folder) and run
-# against one `DELTAFIN_BIN serve --port 0 --api-key testkey`. The chat page's screenshot goes to
+# against one `DELTAFIN_BIN serve --port 0 --api-key testkey --max-tokens 1024`. The chat page's screenshot goes to
 # BUILD_DIR/chat-page.png, the server's output to BUILD_DIR/node/server.log. Prints the tests'
 # "ok   ..." / "FAIL ..." lines and a last "N passed, M failed"; exits 0 only if all passed.
 set -u
@@ -35,7 +35,11 @@ cp "$HERE/openai.test.mjs" "$HERE/browser.test.mjs" "$NODEDIR/" || fail_out "can
 
 # ---- the server ----
 LOG="$NODEDIR/server.log"
-"$BIN" serve --port 0 --api-key "$KEY" >"$LOG" 2>&1 &
+# --max-tokens: the chat page asks for no limit, and a sampled answer of the bundled model can ramble
+# on to the 32768-position context, minutes at the speed decode has there (a full-suite run timed
+# out on the second turn that way); 1024 tokens still make an answer long enough to watch grow and
+# to stop
+"$BIN" serve --port 0 --api-key "$KEY" --max-tokens 1024 >"$LOG" 2>&1 &
 SERVER=$!
 stop_server() {
     [ -n "${SERVER:-}" ] || return 0
