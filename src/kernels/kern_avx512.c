@@ -169,9 +169,11 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
     v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
 }
 
-/* the T > 1 register tile: 4 rows x 6 tokens = 24 accumulators, 4 weight vectors, 1 activation */
+/* the T > 1 register tile: 4 rows x 6 tokens = 24 accumulators, 4 weight vectors, 1 activation;
+ * the float formats' tiles decode their weights in registers (kern_matmul.inc's tile_src) */
 #define TILE_MR 4
 #define TILE_NR 6
+#define TILE_DIRECT 1
 
 /* ---- the GLU activation (kern_vmath.inc) ---- */
 
