@@ -14,7 +14,7 @@
  * round stays short at T = 512.
  *
  * usage: bench_gemv [--kernels auto|scalar|avx2|avx512] [--seconds S] [--shape ROWSxCOLS] [--in-cache]
- *                   [--tokens T] [--formats bf16,mxfp4,int4,fp8]
+ *                   [--tokens T] [--formats bf16,mxfp4,int4,fp8,f16,f32]
  * (--shape: any shape, columns a multiple of 128; --in-cache: see bench_shape)
  * Prints a Markdown table. Timing only; never part of a pass/fail test.
  */
@@ -158,22 +158,22 @@ static void fill_matrix(rng *r, int fmt, int rows, int cols, uint8_t **data, uin
      * put a subnormal or a subnormal product in about one 16-wide FMA of five; Intel cores take
      * a microcode assist on each (AMD's do not), which made BF16 three times slower on the Xeon
      * host: a benchmark of subnormals, not of the kernel. */
-    if (fmt == WF_BF16) {
+    if (fmt == WF_BF16 || fmt == WF_F16 || fmt == WF_F32) {
         /* drawn from a table of 4096 normal values: a Box-Muller pair per weight took minutes
          * for a run's gigabytes of matrices */
-        static uint16_t tab[4096];
+        static float tab[4096];
         static int filled;
         for (; !filled; filled = 1)
-            for (int k = 0; k < 4096; k++) {
-                float f = (float)(0.02 * rng_normal(r));
-                uint32_t u;
-                memcpy(&u, &f, 4);
-                tab[k] = (uint16_t)(u >> 16);
-            }
-        for (size_t i = 0; i + 8 <= db; i += 8) {
+            for (int k = 0; k < 4096; k++)
+                tab[k] = (float)(0.02 * rng_normal(r));
+        size_t es = fmt == WF_F32 ? 4 : 2;
+        for (size_t i = 0; i + 4 * es <= db; i += 4 * es) {
             uint64_t v = rng_next(r);
-            uint16_t h[4] = {tab[v & 4095], tab[(v >> 12) & 4095], tab[(v >> 24) & 4095], tab[(v >> 36) & 4095]};
-            memcpy(*data + i, h, 8);
+            for (int k = 0; k < 4; k++) {
+                float f = tab[(v >> (12 * k)) & 4095];
+                uint16_t h = fmt == WF_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+                memcpy(*data + i + es * (size_t)k, fmt == WF_F32 ? (const void *)&f : (const void *)&h, es);
+            }
         }
     }
     else
@@ -269,13 +269,14 @@ static void bench_shape(const kern_ops *k, pool *p, struct read_job *rj, int fmt
     free(y);
 }
 
-/* "bf16,mxfp4,int4,fp8" -> format ids */
+/* "bf16,mxfp4,int4,fp8,f16,f32" -> format ids */
 static int parse_formats(const char *s, int *fmts, int *nf)
 {
     static const struct {
         const char *name;
         int fmt;
-    } names[] = {{"bf16", WF_BF16}, {"mxfp4", WF_MXFP4}, {"int4", WF_INT4G32}, {"fp8", WF_FP8B128}};
+    } names[] = {{"bf16", WF_BF16}, {"mxfp4", WF_MXFP4}, {"int4", WF_INT4G32}, {"fp8", WF_FP8B128},
+                 {"f16", WF_F16},   {"f32", WF_F32}};
     int n = 0;
     while (*s && n < WF_COUNT) {
         size_t len = strcspn(s, ",");
@@ -315,7 +316,7 @@ int main(int argc, char **argv)
             i++;
         else {
             fprintf(stderr, "usage: bench_gemv [--kernels NAME] [--seconds S] [--shape ROWSxCOLS] [--in-cache] "
-                            "[--tokens 1..512] [--formats bf16,mxfp4,int4,fp8]\n");
+                            "[--tokens 1..512] [--formats bf16,mxfp4,int4,fp8,f16,f32]\n");
             return 2;
         }
     }

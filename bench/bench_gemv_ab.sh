@@ -17,7 +17,7 @@ while [ "$r" -le "$R" ]; do
     for b in "$@"; do
         echo "## $b round $r"
         # shellcheck disable=SC2086 # ARGS is a word list on purpose
-        "$b" $A 2>&1 | grep -E '^\| (bf16|mxfp4|int4|fp8|f16|f32|int8) ' || true
+        "$b" $A 2>&1 | grep -E '^\| [a-z][a-z0-9-]* +\|' | grep -v '^| format ' || true
     done
     r=$((r + 1))
 done

@@ -169,11 +169,22 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
     v[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), tab);
 }
 
+/* half h of nib_group: the even columns (0) or the odd ones (1) */
+INLINE __m512 nib_half(int fmt, const uint8_t *row, const uint8_t *srow, int g, int h)
+{
+    __m512 tab = nib_table(fmt, srow, g);
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * (size_t)g)));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(c, 4) : c, tab);
+}
+
 /* the T > 1 register tile: 4 rows x 6 tokens = 24 accumulators, 4 weight vectors, 1 activation;
- * the float formats' tiles decode their weights in registers (kern_matmul.inc's tile_src) */
+ * small groups' tiles decode their weights in registers (kern_matmul.inc's tile_src), the 4-bit
+ * formats' 5 tokens at a time: at 6 the decode's table and indices no longer fit beside the sums
+ * (MXFP4, T = 12 in two tiles of 6: 0.60 of the FMA peak; T = 10 in two of 5: 0.68) */
 #define TILE_MR 4
 #define TILE_NR 6
 #define TILE_DIRECT 1
+#define TILE_NR_NIB 5
 
 /* ---- the GLU activation (kern_vmath.inc) ---- */
 
