@@ -82,7 +82,8 @@ enum { KERN_GLU_SWIGLU, KERN_GLU_SITU };
 
 /* The T > 1 matrix path's blocking (kern_matmul.inc), shared by every table because it sizes the
  * caller's scratch: rows go in blocks of KERN_RB and columns in blocks of KERN_KC, each block's
- * weights decoded once into scratch and reduced against up to KERN_TG tokens, whose seq16 partial
+ * weights decoded once into scratch (or, for small groups on AVX-512, decoded in registers by the
+ * tiles that read them) and reduced against up to KERN_TG tokens, whose seq16 partial
  * sums (KERN_RB x KERN_TG vectors of 16) are carried from one column block to the next. A table
  * may choose a block of fewer rows and longer, padded rows (AVX2: 8 x 512, rows 2080 bytes apart),
  * within KERN_KC_MAX columns and KERN_BLOCK floats. A group's
