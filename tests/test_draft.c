@@ -347,8 +347,8 @@ static void free_drafters(drafter **ds, int n)
 }
 
 /* The greedy contract for `which` (a D_* drafter, or D_ALL: auto) on the bundled model over a
- * prompt: draft-max 1, 3, 7 with the whole prompt in one pass on 2 threads, draft-max 7 with a
- * prefill chunk of 1 on 1 thread, and the economics (not fixed) on top. Guesses must be kept and
+ * prompt: draft-max 1, 3, 7 and 15 (the default) with the whole prompt in one pass on 2 threads,
+ * draft-max 7 with a prefill chunk of 1 on 1 thread, and the economics (not fixed) on top. Guesses must be kept and
  * refused somewhere, or the test proves nothing. */
 static void greedy_default_at(int which, const json_t *messages, const char *prompt_file, float temperature)
 {
@@ -371,7 +371,7 @@ static void greedy_default_at(int which, const json_t *messages, const char *pro
     CHECKF(generate_once(e2, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
     static const struct {
         int kmax, chunk, threads, fixed;
-    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1}, {7, 0, 2, 1}, {7, 1, 1, 1}, {7, 0, 2, 0}, {3, 1, 1, 0}};
+    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1}, {7, 0, 2, 1}, {15, 0, 2, 1}, {7, 1, 1, 1}, {15, 0, 2, 0}, {3, 1, 1, 0}};
     uint64_t proposed = 0, accepted = 0;
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && !test_failed(); c++) {
         engine *e = cfgs[c].threads == 1 ? e1 : e2;
@@ -776,6 +776,27 @@ TEST(draft_ngram_classes_by_match_length)
     }
     int32_t fresh[4] = {1, 2, 3, 4};
     CHECK(ng->propose(ng, fresh, 4, 4, out, &q, &err) == 0); /* nothing repeats: no guess */
+    ng->free(ng);
+}
+
+/* A loop shorter than k is guessed k ahead: the match's continuation runs on into the guesses
+ * (5 6 7 | 5 6 7 | 5 6 -> 7 5 6 7 5 6 7), where reading only the sequence stops after one token. */
+TEST(draft_ngram_guesses_a_loop_past_its_period)
+{
+    errbuf err;
+    drafter *ng;
+    CHECKF(draft_ngram_new(&(draft_ctx){0}, &ng, &err) == 0, "%s", err.msg);
+    const int32_t seq[] = {1, 5, 6, 7, 5, 6, 7, 5, 6}, want[] = {7, 5, 6, 7, 5, 6, 7};
+    int32_t out[GEN_MAX_DRAFT];
+    const float *q;
+    int m = ng->propose(ng, seq, 9, 7, out, &q, &err);
+    CHECKF(m == 7 && memcmp(out, want, sizeof want) == 0, "%d guesses: %d %d %d %d %d %d %d", m, out[0], out[1],
+           out[2], out[3], out[4], out[5], out[6]);
+    m = ng->propose(ng, seq, 9, GEN_MAX_DRAFT, out, &q, &err); /* as many as asked for, in period */
+    int ok = m == GEN_MAX_DRAFT;
+    for (int j = 0; ok && j < m; j++)
+        ok = out[j] == want[j % 3];
+    CHECKF(ok, "%d guesses of %d asked for, or out of period", m, GEN_MAX_DRAFT);
     ng->free(ng);
 }
 

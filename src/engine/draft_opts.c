@@ -14,13 +14,13 @@ const char DRAFT_OPTS_HELP[] =
     "  --draft guesses tokens ahead that the model checks in one pass: never a different token, only\n"
     "  sooner. auto (the default) tries the n-gram drafter and any drafter model beside the model\n"
     "  (DIR-dspark, DIR-qwen3-drafter) or given with --draft-model, and drafts only while it pays;\n"
-    "  --draft-max (default 7) bounds the guesses of a step.\n";
+    "  --draft-max (default 15, at most 15) bounds the guesses of a step.\n";
 
 void draft_opts_default(draft_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->want = "auto";
-    o->max = 7;
+    o->max = GEN_MAX_DRAFT;
 }
 
 int draft_opts_parse(draft_opts *o, int argc, char **argv, int *i, errbuf *err)

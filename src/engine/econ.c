@@ -25,16 +25,29 @@ static double shape(const econ *e, int T)
     return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
 }
 
-/* the time of a pass of T positions: measured, or the largest measured smaller one scaled by the
- * model (it carries the routing locality and cache hits the model does not know) */
+/* the time of a pass of T positions: measured, or extrapolated from the two largest measured
+ * smaller sizes t1 < t2 along the model's shape: the slope between them carries what the model
+ * does not know (the routing's locality, the cache's hits, kernels whose cost per position differs
+ * from COMPUTE_PER_POS). Scaling t2's whole time by the model would charge a loop's verify passes
+ * (the same experts again) about twice what they cost; a slope from the one-position pass would
+ * charge every further position the jump from the one-row kernels to the many-row ones
+ * (bench/results/drafting.md, 2026-12-05). A slope measured below zero (noise) counts as zero:
+ * the size is then tried, and measured. */
 static double pass_cost(const econ *e, int T)
 {
     if (e->pass_s[T] > 0)
         return e->pass_s[T];
-    for (int t = T - 1; t >= 1; t--)
-        if (e->pass_s[t] > 0)
-            return e->pass_s[t] * shape(e, T) / shape(e, t);
-    return 1e-3 * shape(e, T);
+    int t2 = T - 1, t1;
+    while (t2 >= 1 && e->pass_s[t2] <= 0)
+        t2--;
+    if (t2 < 1)
+        return 1e-3 * shape(e, T);
+    for (t1 = t2 - 1; t1 >= 1 && e->pass_s[t1] <= 0; t1--)
+        ;
+    if (t1 < 1)
+        return e->pass_s[t2] * shape(e, T) / shape(e, t2);
+    double slope = (e->pass_s[t2] - e->pass_s[t1]) / (shape(e, t2) - shape(e, t1));
+    return e->pass_s[t2] + (slope > 0 ? slope : 0) * (shape(e, T) - shape(e, t2));
 }
 
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
@@ -45,13 +58,16 @@ int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[
  * a class judged on two rulings below break-even would otherwise never be verified again. */
 static double expected(const econ *e, int d, int c, int k)
 {
-    double E = 1, run = 1, a = ACC_PRIOR;
+    double E = 1, run = 1, b = ACC_PRIOR;
     int opt = econ_is_free(e, d);
     for (int j = 0; j < k; j++) {
         int n = e->ruled[d][c][j];
-        a = n ? e->acc[d][c][j] : j ? a * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
-        double b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
-        run *= b < 1 ? b : 1;
+        /* a free drafter's position never ruled on is judged as optimistically as the one before
+         * it: a long block's far positions are ruled on only once it was tried */
+        double a = n ? e->acc[d][c][j] : j ? b * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
+        b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
+        b = b < 1 ? b : 1;
+        run *= b;
         E += run;
     }
     return E;
@@ -135,7 +151,9 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
         if (k > 0 && r > best) {
             best = r;
             *best_d = d;
-            *best_k_out = k;
+            /* a free drafter is asked for all it has: econ_verify weighs its guesses by the class
+             * they turn out to be, not by the last one's */
+            *best_k_out = econ_is_free(e, d) ? kmax : k;
         }
     }
     if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */

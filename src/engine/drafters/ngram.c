@@ -2,9 +2,10 @@
  *
  * The guess is what followed, the last time, the longest recent n-gram of the sequence (2 to
  * NGRAM_MAX tokens) that occurred before: code and chat repeat names, lines and whole passages of
- * the prompt. Needs no model, costs one backward scan per step (a few ms at a million tokens,
- * against a pass of seconds), and proposes plain guesses (q = 1), classed by the match's length
- * (draft.h: cls). Stateless between steps, so a rejected guess or a new prompt needs nothing undone.
+ * the prompt. The continuation runs on into the guesses themselves, so a loop of p tokens is
+ * guessed k ahead, not p. Needs no model, costs one backward scan per step (a few ms at a million
+ * tokens, against a pass of seconds), and proposes plain guesses (q = 1), classed by the match's
+ * length (draft.h: cls). Stateless between steps, so a rejected guess or a new prompt needs nothing undone.
  */
 #include <stdlib.h>
 
@@ -37,10 +38,11 @@ static int ngram_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *
     if (best_len < NGRAM_MIN)
         return 0;
     d->cls = best_len >= 6 ? 2 : best_len >= 4 ? 1 : 0; /* a longer match repeats more surely */
-    int m = 0;
-    while (m < k && best_at + m < n)
-        out[m] = seq[best_at + m], m++;
-    return m;
+    /* The continuation, read from the sequence extended by the guesses themselves: a match that
+     * ends less than k tokens back (a loop, a repeated line) goes on repeating, not stop short. */
+    for (int m = 0; m < k; m++)
+        out[m] = best_at + m < n ? seq[best_at + m] : out[best_at + m - n];
+    return k;
 }
 
 static void ngram_feedback(drafter *d, int proposed, int accepted)
