@@ -133,3 +133,33 @@ TEST(econ_an_unlucky_start_pays_again)
     double rate = x.tokens * x.cost(1) / x.seconds;
     CHECKF(rate >= 1.2, "%d tokens at %.2f times a plain decode's rate", x.tokens, rate);
 }
+
+/* A model drafter's warm-up (one guess verified) does not take a step from a free drafter whose
+ * guesses were seen to pay: in a loop, each such step would trade a block of 15 kept guesses for one
+ * guess. The model drafter (proposing costs a fifth of a pass, its one guess always kept) gets the
+ * first of its two warm-up steps in turn, before the free drafter's class has two rulings; the
+ * second waits for a step where the free one does not pay, which in this loop never comes. */
+TEST(econ_warm_up_waits_while_a_free_drafter_pays)
+{
+    drafter fr = {.name = "free", .propose = silent_propose}, md = {.name = "model", .propose = silent_propose};
+    drafter *use[2] = {&fr, &md};
+    econ e;
+    econ_init(&e, use, 2, 8, 64, 1);
+    int model_steps = 0;
+    for (int s = 0; s < 60; s++) {
+        int d, k;
+        econ_step es;
+        econ_choose(&e, 15, 100 + s, 60 - s, &d, &k, &es);
+        int m = 0;
+        if (d >= 0 && k > 0) {
+            econ_asked(&e, d, d == 0 ? 1e-7 : 0.2 * loop_seconds(1), 0, d == 0 ? k : 1, 0);
+            m = econ_verify(&e, d, 0, d == 0 ? k : 1, &es);
+        }
+        econ_passed(&e, m + 1, loop_seconds(m + 1), m == 0 ? 0.85 * loop_seconds(1) : 0);
+        for (int j = 0; j < m; j++)
+            econ_ruled(&e, d, 0, j, 1);
+        econ_step_done(&e, d, 0, m, m, &es);
+        model_steps += d == 1 && m > 0;
+    }
+    CHECKF(model_steps == 1, "the model drafter's guesses were verified on %d steps of a loop", model_steps);
+}

@@ -132,8 +132,20 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
     e->remaining = remaining;
     *best_d = -1;
     *best_k_out = 0;
+    /* A free drafter whose guesses were seen to pay keeps its step: another's warm-up (one guess
+     * verified) would take a loop's block of guesses from it (bench/results/drafting.md,
+     * 2026-12-05). The warm-up waits for a step where no free drafter's ruled class pays. */
+    int free_pays = 0;
+    for (int d = 0; d < nd && !free_pays; d++) {
+        double r;
+        int c = e->last_cls[d];
+        free_pays = econ_is_free(e, d) && e->ruled[d][c][0] >= ECON_WARMUP &&
+                    best_k(e, d, c, kmax, e->propose_s[d], &r) > 0;
+    }
     for (int i = 0; i < nd; i++) { /* warm-up, in turn */
         int d = (e->turn + i) % nd;
+        if (free_pays && !econ_is_free(e, d))
+            continue;
         if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && can_pay(e, d, kmax)) {
             e->turn = d + 1;
             *best_d = d;
