@@ -347,7 +347,7 @@ static void free_drafters(drafter **ds, int n)
 }
 
 /* The greedy contract for `which` (a D_* drafter, or D_ALL: auto) on the bundled model over a
- * prompt: draft-max 1, 3, 7 and 15 (the default) with the whole prompt in one pass on 2 threads,
+ * prompt: draft-max 1, 3, 7 and 31 (the default) with the whole prompt in one pass on 2 threads,
  * draft-max 7 with a prefill chunk of 1 on 1 thread, and the economics (not fixed) on top. Guesses must be kept and
  * refused somewhere, or the test proves nothing. */
 static void greedy_default_at(int which, const json_t *messages, const char *prompt_file, float temperature)
@@ -371,7 +371,7 @@ static void greedy_default_at(int which, const json_t *messages, const char *pro
     CHECKF(generate_once(e2, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
     static const struct {
         int kmax, chunk, threads, fixed;
-    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1}, {7, 0, 2, 1}, {15, 0, 2, 1}, {7, 1, 1, 1}, {15, 0, 2, 0}, {3, 1, 1, 0}};
+    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1}, {7, 0, 2, 1}, {31, 0, 2, 1}, {7, 1, 1, 1}, {31, 0, 2, 0}, {3, 1, 1, 0}};
     uint64_t proposed = 0, accepted = 0;
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && !test_failed(); c++) {
         engine *e = cfgs[c].threads == 1 ? e1 : e2;

@@ -80,7 +80,7 @@ typedef struct draft_opts {
     const char *want;  /* "none", "ngram", "qwen", "dspark", "auto" (default) */
     const char *model; /* a drafter model folder, or NULL: those beside the target (DIR-dspark,
                           DIR-qwen3-drafter) */
-    int max;           /* the most guesses of a step (default GEN_MAX_DRAFT, 15) */
+    int max;           /* the most guesses of a step (default GEN_MAX_DRAFT, 31) */
 } draft_opts;
 void draft_opts_default(draft_opts *o);
 int draft_opts_parse(draft_opts *o, int argc, char **argv, int *i, errbuf *err);

@@ -14,7 +14,7 @@ const char DRAFT_OPTS_HELP[] =
     "  --draft guesses tokens ahead that the model checks in one pass: never a different token, only\n"
     "  sooner. auto (the default) tries the n-gram drafter and any drafter model beside the model\n"
     "  (DIR-dspark, DIR-qwen3-drafter) or given with --draft-model, and drafts only while it pays;\n"
-    "  --draft-max (default 15, at most 15) bounds the guesses of a step.\n";
+    "  --draft-max (default 31, at most 31) bounds the guesses of a step.\n";
 
 void draft_opts_default(draft_opts *o)
 {

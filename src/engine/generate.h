@@ -39,7 +39,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 
-enum { GEN_MAX_DRAFT = 15, GEN_MAX_DRAFTERS = 4, GEN_PROBE_EVERY = 32 };
+enum { GEN_MAX_DRAFT = 31, GEN_MAX_DRAFTERS = 4, GEN_PROBE_EVERY = 32 };
 
 typedef struct gen_draft_stats {
     const char *name;
