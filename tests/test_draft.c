@@ -530,8 +530,8 @@ TEST(draft_greedy_every_oracle_case)
 }
 
 /* From a DFSP store with the least cache (every spine and expert streamed through two slots):
- * the RAM plain decode's bits with ngram, dspark and the oracle drafting 7 at a time, and no blob
- * read twice within one pass. */
+ * the RAM plain decode's bits with ngram, dspark and the oracle drafting 7, then 31 at a time, and
+ * no blob read twice within one pass. */
 TEST(draft_greedy_from_store)
 {
     errbuf err;
@@ -554,28 +554,33 @@ TEST(draft_greedy_from_store)
     CHECK(np + plain.n <= 512);
     memcpy(truth, ids.v, sizeof(int32_t) * (size_t)np);
     memcpy(truth + np, plain.ids, sizeof(int32_t) * (size_t)plain.n);
-    drafter *ng, *dsp;
-    draft_ctx c = {.target = st, .context = np + g.max_new + 8};
-    CHECKF(draft_ngram_new(&c, &ng, &err) == 0 && draft_dspark_new(&c, "models/default-dspark", &dsp, &err) == 0,
-           "%s", err.msg);
-    oracle_drafter od;
-    oracle_init(&od, truth, np + plain.n, V, 0.25, 3);
-    drafter *use[3] = {ng, dsp, &od.d};
-    store_stats before, after;
-    store_stats_get(engine_store(st), &before);
-    int rc = generate_once(st, ids.v, np, use, 3, &g, &r, &err);
-    store_stats_get(engine_store(st), &after);
-    ng->free(ng);
-    dsp->free(dsp);
-    CHECKF(rc == 0, "%s", err.msg);
-    char why[200];
-    CHECKF(same_run(&plain, &r, why, sizeof why), "from the store: %s", why);
-    uint64_t p, a;
-    drafted(&r, &p, &a);
-    CHECKF(a > 0 && after.reads > before.reads, "%llu guesses kept, %llu reads", (unsigned long long)a,
-           (unsigned long long)(after.reads - before.reads));
-    CHECKF(after.max_reads_blob_pass <= 1, "a blob was read %llu times in one verify pass",
-           (unsigned long long)after.max_reads_blob_pass);
+    /* draft-max 7, and 31 (the default: verify passes of up to 32 positions) */
+    for (int kmax = 7; kmax <= GEN_MAX_DRAFT && !test_failed(); kmax += 24) {
+        drafter *ng, *dsp;
+        draft_ctx c = {.target = st, .context = np + g.max_new + 8};
+        CHECKF(draft_ngram_new(&c, &ng, &err) == 0 && draft_dspark_new(&c, "models/default-dspark", &dsp, &err) == 0,
+               "%s", err.msg);
+        oracle_drafter od;
+        oracle_init(&od, truth, np + plain.n, V, 0.25, 3);
+        drafter *use[3] = {ng, dsp, &od.d};
+        store_stats before, after;
+        store_stats_get(engine_store(st), &before);
+        gcfg gk = g;
+        gk.kmax = kmax;
+        int rc = generate_once(st, ids.v, np, use, 3, &gk, &r, &err);
+        store_stats_get(engine_store(st), &after);
+        ng->free(ng);
+        dsp->free(dsp);
+        CHECKF(rc == 0, "%s", err.msg);
+        char why[200];
+        CHECKF(same_run(&plain, &r, why, sizeof why), "from the store, draft-max %d: %s", kmax, why);
+        uint64_t p, a;
+        drafted(&r, &p, &a);
+        CHECKF(a > 0 && after.reads > before.reads, "draft-max %d: %llu guesses kept, %llu reads", kmax,
+               (unsigned long long)a, (unsigned long long)(after.reads - before.reads));
+        CHECKF(after.max_reads_blob_pass <= 1, "draft-max %d: a blob was read %llu times in one verify pass", kmax,
+               (unsigned long long)after.max_reads_blob_pass);
+    }
     run_free(&plain);
     run_free(&r);
     tok_ids_free(&ids);
