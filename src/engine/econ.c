@@ -53,9 +53,10 @@ static double pass_cost(const econ *e, int T)
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
 
 /* expected tokens of a step of drafter d with k guesses of class c; a position never ruled on is
- * taken as a little less likely than the one before it. A free drafter is judged optimistically
- * (an upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and
- * a class judged on two rulings below break-even would otherwise never be verified again. */
+ * taken as a little less likely than the one before it (as likely, for a free drafter). A free
+ * drafter is judged optimistically (an upper bound that tightens as rulings come): trying its
+ * guesses costs only a wider pass, and a class judged on two rulings below break-even would
+ * otherwise never be verified again. */
 static double expected(const econ *e, int d, int c, int k)
 {
     double E = 1, run = 1, b = ACC_PRIOR;

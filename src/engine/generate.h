@@ -16,19 +16,20 @@
  *
  * Economics: expected tokens of a step with k guesses, E(k) = 1 + sum_i prod_{j<=i} a_j, from the
  * acceptance a_j measured per drafter, per class of its guesses (draft.h: cls) and per position in
- * the block (a position not yet ruled on is taken as a little less likely than the one before);
- * its cost, the measured time of a pass of k + 1 positions, or, before that size ran, the largest
- * smaller size measured scaled by a model (the part spent waiting on reads grows with the union
- * of the experts the positions route to, uniform routing, the rest by a small per-position compute
- * term), plus the drafter's own time. The step takes the drafter and k with the best E(k) / cost;
- * the guesses it returns are verified only as far as their class pays. Each drafter first warms up
- * on one guess a step (the cheapest verify) for ECON_WARMUP steps that had guesses; when no
- * drafter beats plain decode it decodes plainly, probing the drafters in turn with one guess every
- * GEN_PROBE_EVERY steps, twice as seldom after each probe that kept nothing. A drafter that could
- * not pay even if every guess were kept is neither warmed up nor probed; one that costs next to
- * nothing (the n-gram one) is asked every step and judged optimistically, and a class of its
- * guesses that does not pay gets one verified now and then (docs/drafting.md). The economics
- * itself is econ.h's.
+ * the block (a position not yet ruled on is taken as a little less likely than the one before,
+ * as likely for a free drafter); its cost, the measured time of a pass of k + 1 positions, or,
+ * before that size ran, extrapolated from the two largest smaller sizes measured along a model
+ * (the part spent waiting on reads grows with the union of the experts the positions route to,
+ * uniform routing, the rest by a small per-position compute term), plus the drafter's own time.
+ * The step takes the drafter and k with the best E(k) / cost; the guesses it returns are verified
+ * only as far as their class pays. Each drafter first warms up on one guess a step (the cheapest
+ * verify) for ECON_WARMUP steps that had guesses, a model drafter only in steps where no free
+ * drafter's guesses pay; when no drafter beats plain decode it decodes plainly, probing the
+ * drafters in turn with one guess every GEN_PROBE_EVERY steps, twice as seldom after each probe
+ * that kept nothing. A drafter that could not pay even if every guess were kept is neither warmed
+ * up nor probed; one that costs next to nothing (the n-gram one) is asked for all it has every
+ * step and judged optimistically, and a class of its guesses that does not pay gets one verified
+ * now and then (docs/drafting.md). The economics itself is econ.h's.
  */
 #ifndef DF_ENGINE_GENERATE_H
 #define DF_ENGINE_GENERATE_H

@@ -5,7 +5,8 @@
  * the prompt. The continuation runs on into the guesses themselves, so a loop of p tokens is
  * guessed k ahead, not p. Needs no model, costs one backward scan per step (a few ms at a million
  * tokens, against a pass of seconds), and proposes plain guesses (q = 1), classed by the match's
- * length (draft.h: cls). Stateless between steps, so a rejected guess or a new prompt needs nothing undone.
+ * length (draft.h: cls). Stateless between steps, so a rejected guess or a new prompt needs
+ * nothing undone.
  */
 #include <stdlib.h>
 
