@@ -371,7 +371,7 @@ static void greedy_default_at(int which, const json_t *messages, const char *pro
     CHECKF(generate_once(e2, ids.v, np, NULL, 0, &g, &plain, &err) == 0, "%s", err.msg);
     static const struct {
         int kmax, chunk, threads, fixed;
-    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1},  {7, 0, 2, 1}, {31, 0, 2, 1},
+    } cfgs[] = {{1, 0, 2, 1}, {3, 0, 2, 1}, {7, 0, 2, 1}, {31, 0, 2, 1},
                 {7, 1, 1, 1}, {31, 0, 2, 0}, {3, 1, 1, 0}};
     uint64_t proposed = 0, accepted = 0;
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0] && !test_failed(); c++) {
