@@ -52,36 +52,34 @@ static double pass_cost(const econ *e, int T)
 
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
 
-/* expected tokens of a step of drafter d with k guesses of class c; a position never ruled on is
- * taken as a little less likely than the one before it (as likely, for a free drafter). A free
- * drafter is judged optimistically (an upper bound that tightens as rulings come): trying its
- * guesses costs only a wider pass, and a class judged on two rulings below break-even would
- * otherwise never be verified again. */
-static double expected(const econ *e, int d, int c, int k)
+/* The acceptance of guess j of drafter d's class c, given the guesses before it kept (b: guess
+ * j - 1's, as this returned it). A position never ruled on is taken as a little less likely than
+ * the one before it (as likely, for a free drafter). A free drafter is judged optimistically (an
+ * upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and a
+ * class judged on two rulings below break-even would otherwise never be verified again. */
+static double acc_at(const econ *e, int d, int c, int j, int opt, double b)
 {
-    double E = 1, run = 1, b = ACC_PRIOR;
-    int opt = econ_is_free(e, d);
-    for (int j = 0; j < k; j++) {
-        int n = e->ruled[d][c][j];
-        /* a free drafter's position never ruled on is judged as optimistically as the one before
-         * it: a long block's far positions are ruled on only once it was tried */
-        double a = n ? e->acc[d][c][j] : j ? b * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
-        b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
-        b = b < 1 ? b : 1;
-        run *= b;
-        E += run;
-    }
-    return E;
+    int n = e->ruled[d][c][j];
+    /* a free drafter's position never ruled on is judged as optimistically as the one before it:
+     * a long block's far positions are ruled on only once it was tried */
+    double a = n ? e->acc[d][c][j] : j ? b * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
+    b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
+    return b < 1 ? b : 1;
 }
 
 /* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c,
- * proposing costing `extra` */
+ * proposing costing `extra`: k guesses bring E(k) = 1 + sum_i prod_{j<=i} acc_at(j) tokens, summed
+ * here as k grows */
 static int best_k(const econ *e, int d, int c, int kmax, double extra, double *rate)
 {
-    int best = 0;
+    int best = 0, opt = econ_is_free(e, d);
+    double E = 1, run = 1, b = ACC_PRIOR;
     *rate = 1.0 / pass_cost(e, 1);
     for (int k = 1; k <= kmax; k++) {
-        double r = expected(e, d, c, k) / (pass_cost(e, k + 1) + extra);
+        b = acc_at(e, d, c, k - 1, opt, b);
+        run *= b;
+        E += run;
+        double r = E / (pass_cost(e, k + 1) + extra);
         if (r > *rate) {
             *rate = r;
             best = k;
@@ -133,15 +131,16 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
     e->remaining = remaining;
     *best_d = -1;
     *best_k_out = 0;
-    /* A free drafter whose guesses were seen to pay keeps its step: another's warm-up (one guess
-     * verified) would take a loop's block of guesses from it (bench/results/drafting.md,
-     * 2026-12-05). The warm-up waits for a step where no free drafter's ruled class pays. */
-    int free_pays = 0;
-    for (int d = 0; d < nd && !free_pays; d++) {
-        double r;
+    /* each drafter's best k for its latest class, and its rate. A free drafter whose guesses were
+     * seen to pay keeps its step: another's warm-up (one guess verified) would take a loop's block
+     * of guesses from it (bench/results/drafting.md, 2026-12-05). The warm-up waits for a step
+     * where no free drafter's ruled class pays. */
+    int kd[GEN_MAX_DRAFTERS], free_pays = 0;
+    double rd[GEN_MAX_DRAFTERS];
+    for (int d = 0; d < nd; d++) {
         int c = e->last_cls[d];
-        free_pays = econ_is_free(e, d) && e->ruled[d][c][0] >= ECON_WARMUP &&
-                    best_k(e, d, c, kmax, e->propose_s[d], &r) > 0;
+        kd[d] = best_k(e, d, c, kmax, e->propose_s[d], &rd[d]);
+        free_pays |= econ_is_free(e, d) && e->ruled[d][c][0] >= ECON_WARMUP && kd[d] > 0;
     }
     for (int i = 0; i < nd; i++) { /* warm-up, in turn */
         int d = (e->turn + i) % nd;
@@ -157,10 +156,10 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
     }
     double best = 1.0 / pass_cost(e, 1);
     for (int d = 0; d < nd; d++) {
-        double r;
         if (!can_pay(e, d, kmax)) /* (before its first ask, its propose_s is not known yet) */
             continue;
-        int k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], &r);
+        int k = kd[d];
+        double r = rd[d];
         if (k > 0 && r > best) {
             best = r;
             *best_d = d;
