@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# bench/bench_draft_ab.sh WORK ROUNDS DRAFTER OLD NEW — one drafter setting (e.g. auto) in two
-# builds of deltafin, alternated run by run, on bench_draft.sh's prompts and settings
+# bench/bench_draft_ab.sh WORK ROUNDS DRAFTER OLD NEW [SETTINGS] — one drafter setting (e.g. auto) in
+# two builds of deltafin, alternated run by run, on bench_draft.sh's prompts and settings (SETTINGS:
+# "store ram" by default, or one of them)
 # (bench/draft_setup.sh prepares them, with NEW as the binary that prepares the store). Prints a line
 # per run ("setting prompt build tok/s passes") and the medians per setting, prompt and build,
 # with none's from the NEW build for reference. Timing only: nothing here is a test.
 set -euo pipefail
-W=$1 ROUNDS=$2 DR=$3 OLD=$4 NEW=$5
+W=$1 ROUNDS=$2 DR=$3 OLD=$4 NEW=$5 SETTINGS=${6:-store ram}
 D=$(cd "$(dirname "$0")/.." && pwd)
 B=$NEW
 . "$D/bench/draft_setup.sh"
@@ -18,7 +19,7 @@ one() { # binary setting kind prompt drafter
 }
 echo "# $(date -u +%FT%TZ) $(nproc) cpus; old $OLD new $NEW; drafter $DR"
 for r in $(seq 1 "$ROUNDS"); do
-  for setting in store ram; do
+  for setting in $SETTINGS; do
     for p in 1 2 3; do
       for kind in code chat; do
         if [ $kind = code ]; then pr=$(cat "$W/code$p.py"); else pr=${CHATS[$((p - 1))]}; fi

@@ -78,10 +78,11 @@ static void report_drafting(const gen_stats *st)
         const gen_draft_stats *x = &st->draft[d];
         fprintf(stderr,
                 "[stats] draft %s: %llu steps, %llu drafted, %llu accepted, %.2f accepted per step (%.2f tokens per "
-                "pass), %.3f s proposing; kept by position:",
+                "pass), %.3f s proposing, %llu guesses ruled on unverified; kept by position:",
                 x->name, (unsigned long long)x->steps, (unsigned long long)x->proposed,
                 (unsigned long long)x->accepted, x->steps ? (double)x->accepted / (double)x->steps : 0.0,
-                x->steps ? (double)(x->accepted + x->steps) / (double)x->steps : 0.0, x->propose_s);
+                x->steps ? (double)(x->accepted + x->steps) / (double)x->steps : 0.0, x->propose_s,
+                (unsigned long long)x->ruled_unverified);
         for (int j = 0; j < GEN_MAX_DRAFT && x->by_pos_tried[j]; j++)
             fprintf(stderr, " %.2f", (double)x->by_pos_kept[j] / (double)x->by_pos_tried[j]);
         fprintf(stderr, "\n");

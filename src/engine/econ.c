@@ -10,7 +10,8 @@ static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
 /* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
  * step, and its guesses are verified when their class pays (a plain pass when none come). Its
  * optimism: 0.5 kept verifying n-gram guesses on chat from RAM that cost more than they saved
- * (0.89-0.90x of no drafting, 0.93-0.94x at 0.25; bench/results/drafting.md) */
+ * (0.89-0.90x of no drafting, 0.93-0.94x at 0.25); none, now that its guesses are ruled on
+ * unverified, cost code1 and code3 from a store 11-15% (bench/results/drafting.md, 2026-12-06) */
 static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.25;
 /* before its first ask, a drafter that can say what an ask costs (draft.h: cost) is judged as a good
  * drafter would be: this share of its guesses kept, position after position */
@@ -55,8 +56,7 @@ int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[
 /* The acceptance of guess j of drafter d's class c, given the guesses before it kept (b: guess
  * j - 1's, as this returned it). A position never ruled on is taken as a little less likely than
  * the one before it (as likely, for a free drafter). A free drafter is judged optimistically (an
- * upper bound that tightens as rulings come): trying its guesses costs only a wider pass, and a
- * class judged on two rulings below break-even would otherwise never be verified again. */
+ * upper bound that tightens as rulings come): trying its guesses costs only a wider pass. */
 static double acc_at(const econ *e, int d, int c, int j, int opt, double b)
 {
     int n = e->ruled[d][c][j];
@@ -146,7 +146,8 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
         int d = (e->turn + i) % nd;
         if (free_pays && !econ_is_free(e, d))
             continue;
-        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && can_pay(e, d, kmax)) {
+        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && !econ_is_free(e, d) &&
+            can_pay(e, d, kmax)) {
             e->turn = d + 1;
             *best_d = d;
             *best_k_out = 1;
@@ -172,7 +173,7 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
         e->since_probe = 0;                                                /* of each drafter in turn */
         for (int i = 0; i < nd && *best_d < 0; i++) {
             int d = (e->probe_turn + i) % nd;
-            if (can_pay(e, d, kmax)) {
+            if (!econ_is_free(e, d) && can_pay(e, d, kmax)) { /* (a free one is asked every step) */
                 e->probe_turn = d + 1;
                 *best_d = d;
                 *best_k_out = 1;
@@ -200,11 +201,9 @@ void econ_init(econ *e, drafter *const *dr, int nd, int top_k, int n_experts, in
         e->union_ratio[T] = streaming && n_experts > 0 ? E * (1 - pow(1 - K / E, T)) / K : 1.0;
     }
     for (int d = 0; d < nd; d++)
-        for (int c = 0; c < DRAFT_CLASSES; c++) {
-            e->offer_gap[d][c] = ECON_CLASS_PROBE;
+        for (int c = 0; c < DRAFT_CLASSES; c++)
             for (int j = 0; j < GEN_MAX_DRAFT; j++)
                 e->acc[d][c][j] = ACC_PRIOR;
-        }
     e->probe_every = GEN_PROBE_EVERY;
 }
 
@@ -228,24 +227,31 @@ void econ_asked(econ *e, int d, double dt, double once, int m, int cls)
         e->last_cls[d] = cls;
 }
 
-int econ_verify(econ *e, int d, int cls, int m, econ_step *st)
+int econ_verify(econ *e, int d, int cls, int m, int plain, const econ_step *st)
 {
     assert(d >= 0 && d < e->nd && m > 0 && cls >= 0 && cls < DRAFT_CLASSES);
-    if (st->warm || st->probe) /* (their ask was for one guess) */
-        return m;
-    if (e->ruled[d][cls][0] < ECON_WARMUP) /* a class not yet ruled on gets one tried */
-        return 1;
+    /* a warm-up's or probe's guess, and a class's first ones, are for learning: plain guesses are
+     * ruled on as the target decides their positions (econ_unverified), for nothing more than the
+     * ask; others need the pass (one guess tried) */
+    if (st->warm || st->probe)
+        return plain ? 0 : m;
+    if (e->ruled[d][cls][0] < ECON_WARMUP)
+        return plain ? 0 : 1;
     double r;
-    int k = best_k(e, d, cls, m, 0.0, &r);
-    if (k > 0 || !econ_is_free(e, d)) {
-        e->offers[d][cls] = 0;
-        return k;
-    }
-    if (++e->offers[d][cls] < e->offer_gap[d][cls])
-        return 0;
-    e->offers[d][cls] = 0;
-    st->class_probe = 1;
-    return 1;
+    return best_k(e, d, cls, m, 0.0, &r);
+}
+
+void econ_unverified(econ *e, int d, int cls, int64_t p0, const int32_t *g, int n, int nver, const econ_step *st)
+{
+    assert(d >= 0 && d < e->nd && cls >= 0 && cls < DRAFT_CLASSES && n <= GEN_MAX_DRAFT && nver >= 0 && nver <= n);
+    if (nver == n)
+        return;
+    econ_shadow *sh = e->sh[d];
+    while (sh->active) /* (a free one is there: see ECON_SHADOWS) */
+        sh++;
+    assert(sh < e->sh[d] + ECON_SHADOWS);
+    *sh = (econ_shadow){.active = 1, .cls = cls, .n = n, .nver = nver, .probe = st->probe, .p0 = p0};
+    memcpy(sh->g, g, sizeof *g * (size_t)n);
 }
 
 double econ_pass_cost(const econ *e, int T)
@@ -277,13 +283,21 @@ static int backoff(int gap, int first, int kept)
     return kept ? first : gap * 2 < ECON_PROBE_MAX ? gap * 2 : ECON_PROBE_MAX;
 }
 
-void econ_step_done(econ *e, int d, int cls, int m, int kept, const econ_step *st)
+void econ_decided(econ *e, int64_t pos, int32_t tok)
 {
-    assert(kept >= 0 && kept <= m);
-    if (st->probe && m > 0)
-        e->probe_every = backoff(e->probe_every, GEN_PROBE_EVERY, kept);
-    if (st->class_probe) {
-        assert(d >= 0 && d < e->nd && m == 1);
-        e->offer_gap[d][cls] = backoff(e->offer_gap[d][cls], ECON_CLASS_PROBE, kept);
-    }
+    for (int d = 0; d < e->nd; d++)
+        for (econ_shadow *sh = e->sh[d]; sh < e->sh[d] + ECON_SHADOWS; sh++) {
+            if (!sh->active)
+                continue;
+            assert(pos == sh->p0 + sh->j && sh->j < sh->n); /* (every decided token comes, in order) */
+            int kept = sh->g[sh->j] == tok;
+            if (sh->j >= sh->nver) { /* (the pass ruled on the first nver) */
+                econ_ruled(e, d, sh->cls, sh->j, kept);
+                e->shadow_ruled[d]++;
+                if (sh->probe && sh->j == sh->nver)
+                    e->probe_every = backoff(e->probe_every, GEN_PROBE_EVERY, kept);
+            }
+            sh->j++;
+            sh->active = kept && sh->j < sh->n;
+        }
 }

@@ -6,13 +6,13 @@
  * A step, in order:
  *   econ_choose      the drafter (-1: none) and the k to ask it for;
  *   econ_asked       what the ask cost and returned (for every drafter asked in the step);
- *   econ_verify      how many of the m guesses the pass verifies: as far as their class pays;
- *                    a class of a free drafter that does not pay gets one guess tried now and then
- *                    (a class probe), since two unlucky first rulings would otherwise shut it out
- *                    for the whole reply;
+ *   econ_verify      how many of the m guesses the pass verifies: as far as their class pays, none
+ *                    of plain guesses during a warm-up, a probe or a class's first rulings;
+ *   econ_unverified  the plain guesses it did not verify, to be ruled on as their positions are
+ *                    decided (each ruling what a verify would have given, for the cost of asking);
  *   econ_passed      the pass's measured time and the part of it spent stalled on reads;
- *   econ_ruled       each guess's ruling, in order, up to the first refused;
- *   econ_step_done   the step's end: probes learn whether to come back soon.
+ *   econ_ruled       each verified guess's ruling, in order, up to the first refused;
+ *   econ_decided     each token the step emitted, in order of position.
  * Invariants: 0 <= d < n_drafters wherever a drafter is named; 1 <= T <= GEN_MAX_DRAFT + 1. */
 #ifndef DF_ENGINE_ECON_H
 #define DF_ENGINE_ECON_H
@@ -20,11 +20,26 @@
 #include "engine/draft.h"
 #include "engine/generate.h"
 
-/* Warm-up: each drafter drafts one guess (the cheapest verify) until ECON_WARMUP steps had guesses
- * from it, or it was asked ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram
- * one on new text, costs nothing when it has none). Class probes: after ECON_CLASS_PROBE offers of
- * a free drafter's class that did not pay, then twice as many after each probe refused. */
-enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512, ECON_CLASS_PROBE = 8 };
+/* Warm-up: each drafter is asked for one guess until ECON_WARMUP steps had guesses from it, or it
+ * was asked ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram one on new text,
+ * costs nothing when it has none). A class's guesses are verified once ECON_WARMUP of its first
+ * guesses were ruled on. */
+enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };
+
+/* A block of a drafter's plain guesses that a pass did not verify in full: g[0 .. n) guessed for
+ * positions p0 .. p0 + n - 1, the first nver verified (ruled on by the pass). As the target decides
+ * those positions, guess j (j >= nver) is ruled kept when it is the token decided there, as long
+ * as the ones before it were: exactly what a verify pass would have ruled, greedy or sampled (a
+ * plain guess is kept when it is the target's token at its position). Every step's block is ruled
+ * on, as a verified one would be: a block lives at most GEN_MAX_DRAFT decided tokens, and a step
+ * decides at least one, so ECON_SHADOWS blocks a drafter always suffice. */
+enum { ECON_SHADOWS = GEN_MAX_DRAFT + 1 };
+typedef struct econ_shadow {
+    int active, cls, n, nver, j; /* j: the next guess to compare */
+    int probe;                   /* a probe's: its first ruling sets how soon the next comes */
+    int64_t p0;
+    int32_t g[GEN_MAX_DRAFT];
+} econ_shadow;
 
 typedef struct econ {
     double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
@@ -33,8 +48,8 @@ typedef struct econ {
     /* by drafter, class of its guesses (draft.h: cls) and block position j: */
     double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
     int ruled[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT];  /* guesses at position j ruled on */
-    int offers[GEN_MAX_DRAFTERS][DRAFT_CLASSES];    /* a free class's offers not verified since its last probe */
-    int offer_gap[GEN_MAX_DRAFTERS][DRAFT_CLASSES]; /* offers between its probes */
+    econ_shadow sh[GEN_MAX_DRAFTERS][ECON_SHADOWS]; /* by drafter: its blocks being ruled unverified */
+    int shadow_ruled[GEN_MAX_DRAFTERS]; /* rulings made that way */
     int last_cls[GEN_MAX_DRAFTERS];                 /* the class of its latest guesses */
     double propose_s[GEN_MAX_DRAFTERS];
     int asked[GEN_MAX_DRAFTERS], guessed[GEN_MAX_DRAFTERS]; /* steps that asked it, and that got guesses */
@@ -46,11 +61,10 @@ typedef struct econ {
     int since_probe, probe_every;
 } econ;
 
-/* What a step decided beyond the drafter and k: flags econ_step_done needs back. */
+/* What a step decided beyond the drafter and k. */
 typedef struct econ_step {
-    int probe;       /* a probe of a drafter that does not pay */
-    int warm;        /* the drafter's warm-up */
-    int class_probe; /* econ_verify tried one guess of a class that does not pay */
+    int probe; /* a probe of a drafter that does not pay */
+    int warm;  /* the drafter's warm-up */
 } econ_step;
 
 /* top_k of n_experts routed per position; streaming: the experts come from a store (a pass's
@@ -63,13 +77,17 @@ int econ_is_free(const econ *e, int d);
 double econ_first_ask_extra(const econ *e, int d, int n, int k);
 /* drafter d's ask took dt seconds (once of them its catch-up) and returned m guesses of class cls */
 void econ_asked(econ *e, int d, double dt, double once, int m, int cls);
-/* how many of drafter d's m guesses of class cls the pass verifies (0: a plain pass) */
-int econ_verify(econ *e, int d, int cls, int m, econ_step *st);
+/* how many of drafter d's m guesses of class cls the pass verifies (0: a plain pass); plain: they
+ * are plain guesses (no distribution), which econ_unverified can rule on without a pass */
+int econ_verify(econ *e, int d, int cls, int m, int plain, const econ_step *st);
+/* drafter d's plain guesses g[0 .. n) of class cls for positions p0 .., of which the pass verifies
+ * the first nver: the rest are ruled on by econ_decided */
+void econ_unverified(econ *e, int d, int cls, int64_t p0, const int32_t *g, int n, int nver, const econ_step *st);
 /* the predicted seconds of a pass of T positions */
 double econ_pass_cost(const econ *e, int T);
 void econ_passed(econ *e, int T, double took, double stalled);
 void econ_ruled(econ *e, int d, int cls, int j, int kept);
-/* the step's end: m guesses verified, `kept` of them kept */
-void econ_step_done(econ *e, int d, int cls, int m, int kept, const econ_step *st);
+/* the target decided token tok at position pos (every emitted token, in order) */
+void econ_decided(econ *e, int64_t pos, int32_t tok);
 
 #endif

@@ -31,6 +31,16 @@ static int ask(econ *e, const gen_req *rq, gen_stats *st, int d, const int32_t *
     return m;
 }
 
+/* How many of drafter d's m guesses g (for positions n ..) the pass verifies; plain guesses it does
+ * not verify are ruled on as their positions are decided (econ_unverified). */
+static int judge(econ *e, int d, int cls, const int32_t *g, int m, const float *q, int n, const econ_step *es)
+{
+    int v = econ_verify(e, d, cls, m, q == NULL, es);
+    if (!q)
+        econ_unverified(e, d, cls, n, g, m, v, es);
+    return v;
+}
+
 static double store_stall(const session *s)
 {
     struct store *st = s->e->store;
@@ -173,27 +183,28 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
             seq_have = n - 1;
             seq[n - 1] = anchor;
             m = ask(&ec, rq, st, d, seq, n, k, drafts + 1, &q, &cls, err);
-            /* The step's drafter had nothing (a model drafter warming up, a probe, a draft that ended
-             * inside a target token): a free drafter's guesses then cost nothing to ask for, and
-             * the pass runs anyway. Without this, every warm-up ask of a drafter that seldom
-             * guesses took the step from the n-gram drafter's. */
+            if (m > 0 && !rq->fixed) /* are these guesses worth a pass, and how many? */
+                m = judge(&ec, d, cls, drafts + 1, m, q, n, &es);
+            /* The step's drafter had nothing to verify (a model drafter warming up or probed, a
+             * draft that ended inside a target token): a free drafter's guesses then cost nothing
+             * to ask for, and the pass runs anyway. Without this, every warm-up ask of a drafter
+             * that seldom guesses took the step from the n-gram drafter's. */
             for (int d2 = 0; m == 0 && !rq->fixed && d2 < nd; d2++) {
                 if (d2 == d || !econ_is_free(&ec, d2))
                     continue;
                 int k2 = kmax < room ? kmax : room;
                 k2 = k2 < want ? k2 : want;
                 m = ask(&ec, rq, st, d2, seq, n, k2, drafts + 1, &q, &cls, err);
-                if (m != 0) { /* its guesses, judged as its own step's would be */
+                if (m > 0) { /* its guesses, judged as its own step's would be */
                     d = d2;
                     es.warm = es.probe = 0;
+                    m = judge(&ec, d, cls, drafts + 1, m, q, n, &es);
                 }
             }
             if (m < 0) {
                 rc = -1;
                 break;
             }
-            if (m > 0 && !rq->fixed) /* are these guesses worth a pass, and how many? */
-                m = econ_verify(&ec, d, cls, m, &es);
         }
         predicted = econ_pass_cost(&ec, m + 1) + (d >= 0 && k > 0 ? ec.propose_s[d] : 0.0);
         drafts[0] = anchor;
@@ -222,10 +233,9 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
                 break;
             st->draft[d].by_pos_kept[j]++;
             kept++;
+            econ_decided(&ec, base + 1 + j, drafts[1 + j]);
             stop = emit(&em, drafts[1 + j], base + 1 + j, row);
         }
-        if (!rq->fixed)
-            econ_step_done(&ec, d, cls, m, kept, &es);
         if (d >= 0 && m > 0) {
             st->draft[d].steps++;
             st->draft[d].proposed += (uint64_t)m;
@@ -242,10 +252,13 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
         if (kept == m) /* every guess kept (or none made): the target's next token, plainly */
             next = sampler_pick(sm, row, base + 1 + kept);
         anchor = next;
+        econ_decided(&ec, base + 1 + kept, anchor);
         stop = emit(&em, anchor, base + 1 + kept, row);
         if (!stop && rq->step_done && rq->step_done(ud))
             stop = 1;
     }
+    for (int d = 0; d < nd && !rq->fixed; d++)
+        st->draft[d].ruled_unverified = (uint64_t)ec.shadow_ruled[d];
     free(seq);
     if (st->n_gen > 0)
         st->t_decode = timer_now() - em.t1;

@@ -22,14 +22,14 @@
  * (the part spent waiting on reads grows with the union of the experts the positions route to,
  * uniform routing, the rest by a small per-position compute term), plus the drafter's own time.
  * The step takes the drafter and k with the best E(k) / cost; the guesses it returns are verified
- * only as far as their class pays. Each drafter first warms up on one guess a step (the cheapest
- * verify) for ECON_WARMUP steps that had guesses, a model drafter only in steps where no free
- * drafter's guesses pay; when no drafter beats plain decode it decodes plainly, probing the
- * drafters in turn with one guess every GEN_PROBE_EVERY steps, twice as seldom after each probe
- * that kept nothing. A drafter that could not pay even if every guess were kept is neither warmed
- * up nor probed; one that costs next to nothing (the n-gram one) is asked for all it has every
- * step and judged optimistically, and a class of its guesses that does not pay gets one verified
- * now and then (docs/drafting.md). The economics itself is econ.h's.
+ * only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
+ * decides their positions (what a verify would have ruled), so a class's first guesses, a model
+ * drafter's warm-up (one guess a step for ECON_WARMUP steps that had guesses, only in steps where
+ * no free drafter's guesses pay) and its probes (one guess every GEN_PROBE_EVERY steps when no
+ * drafter beats plain decode, twice as seldom after each refused) cost asks, not verify passes.
+ * A drafter that could not pay even if every guess were kept is neither warmed up nor probed; one
+ * that costs next to nothing (the n-gram one) is asked for all it has every step and judged
+ * optimistically (docs/drafting.md). The economics itself is econ.h's.
  */
 #ifndef DF_ENGINE_GENERATE_H
 #define DF_ENGINE_GENERATE_H
@@ -45,6 +45,7 @@ enum { GEN_MAX_DRAFT = 31, GEN_MAX_DRAFTERS = 4, GEN_PROBE_EVERY = 32 };
 typedef struct gen_draft_stats {
     const char *name;
     uint64_t steps, proposed, accepted;
+    uint64_t ruled_unverified; /* guesses not verified, ruled on as the target decided their positions */
     uint64_t by_pos_tried[GEN_MAX_DRAFT], by_pos_kept[GEN_MAX_DRAFT]; /* acceptance by position in the block */
     double propose_s;
 } gen_draft_stats;
