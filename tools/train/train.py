@@ -324,6 +324,9 @@ def main():
                     help="with --resume: keep its mini-K3 and Qwen3 drafter byte for byte, continue its DSpark only")
     ap.add_argument("--tool-pairs", type=int, default=0, help="tool-call examples in the chat tuning (toolcalls.py)")
     ap.add_argument("--chat-frac", type=float, default=None, help="share of each batch's rows that are chat")
+    ap.add_argument("--ds-chat", type=int, default=0,
+                    help="chat replies DSpark also learns from: the target's greedy replies to the chat pairs' questions")
+    ap.add_argument("--ds-chat-new", type=int, default=96, help="tokens of each of those replies")
     ap.add_argument("--ds-plens", default="32",
                     help="prompt lengths of DSpark's greedy continuations, comma-separated (equal groups)")
     args = ap.parse_args()
@@ -673,6 +676,36 @@ def main():
         res["prompt_tokens"] = plen_a
         return res
 
+    CHAT_HELD_OUT = ["Write a Python function that reverses a linked list.",           # bench_draft.sh's three
+                     "Explain what a Python generator is, with an example.",
+                     "How do I read a CSV file in Python and sum one of its columns?"]
+
+    def measure_chat(drafter):
+        """DSpark's greedy verification of the target's own 128-token replies to held-out chat questions:
+        bench_draft.sh's three (thinking on, as `run --chat`) and 16 of the validation files' chat pairs."""
+        qs = [(q, True) for q in CHAT_HELD_OUT]
+        qs += [(u, i % 2 == 0) for i, (u, _) in enumerate(corpus_mod.chat_pairs(valid_docs, limit=16))]
+        steps = accepted = first = 0
+        for q, th in qs:
+            prompt = torch.tensor([chat.prompt(q, thinking=th)], dtype=torch.long, device=d)
+            full = greedy_batch(model, prompt, 128)[0]
+            with torch.no_grad(), torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
+                _, taps = model.hidden(full.unsqueeze(0), taps=set(taps_ids))
+                ctx = drafter.context(torch.cat([taps[j] for j in taps_ids], -1).float())[0]
+            p = prompt.shape[1]
+            while p < full.numel() - 1:
+                with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
+                    dr = drafter.draft(ctx, p, int(full[p]), embed, lm_head)
+                a = 0
+                while a < len(dr) and p + 1 + a < full.numel() and dr[a] == int(full[p + 1 + a]):
+                    a += 1
+                steps += 1
+                accepted += a
+                first += a > 0
+                p += a + 1
+        return {"prompts": len(qs), "verify_steps": steps, "accepted_draft_tokens": accepted,
+                "mean_accepted_per_step": accepted / max(1, steps), "first_guess_kept": first / max(1, steps)}
+
     # ---- DSpark: distilled from mini-K3's own greedy continuations
     try:
         t = time.time()
@@ -703,8 +736,34 @@ def main():
                         feats.append(torch.cat([taps[j] for j in taps_ids], -1).to(torch.bfloat16))
                         tlog.append(model.lm_head(hN).to(torch.bfloat16))
                 feats, tlog = torch.cat(feats), torch.cat(tlog)
-            groups.append((seqs, feats, tlog, plen))
+            groups.append((seqs, feats, tlog, plen, False))
             log("DSpark data: %d sequences x %d tokens (%.1fs)" % (seqs.shape[0], seqs.shape[1], time.time() - t))
+        # --ds-chat: the target's own greedy replies to chat questions (the chat pairs', half of them with
+        # thinking on), grouped by the prompt's length (greedy_batch wants equal lengths); anchors in the
+        # reply only. Distilled on code and prose alone, DSpark kept about half its first guesses on chat
+        # (bench/results/drafting.md).
+        chat_groups = []
+        if args.ds_chat:
+            byl = {}
+            for i, (u, _) in enumerate(pairs[:args.ds_chat]):
+                ids = chat.prompt(u, thinking=i % 2 == 0)
+                if len(ids) + args.ds_chat_new <= 512:
+                    byl.setdefault(len(ids), []).append(ids)
+            for plen_c, rows in sorted(byl.items()):
+                if len(rows) < 4:
+                    continue
+                x0 = torch.tensor(rows, dtype=torch.long, device=d)
+                sc = torch.cat([greedy_batch(model, x0[i:i + 512], args.ds_chat_new) for i in range(0, len(rows), 512)])
+                with torch.no_grad():
+                    fc, tc = [], []
+                    for i in range(0, sc.shape[0], 256):
+                        with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
+                            hN, taps = model.hidden(sc[i:i + 256], taps=set(taps_ids))
+                            fc.append(torch.cat([taps[j] for j in taps_ids], -1).to(torch.bfloat16))
+                            tc.append(model.lm_head(hN).to(torch.bfloat16))
+                chat_groups.append((sc, torch.cat(fc), torch.cat(tc), plen_c, True))
+            log("DSpark chat data: %d replies of %d tokens in %d prompt lengths (%.1fs)" % (
+                sum(g[0].shape[0] for g in chat_groups), args.ds_chat_new, len(chat_groups), time.time() - t))
         seqs = groups[0][0]                                                       # what the Qwen3 re-tune reads
         init = os.path.join(dsdir, "model.safetensors")
         ds_from = args.resume if cont and os.path.exists(init) else None     # continue the earlier drafter
@@ -714,6 +773,8 @@ def main():
         K = dcfg["block_size"]
         if args.only_dspark:
             RESULTS["acceptance_before"] = {str(n): measure_acceptance(drafter.eval(), None, n) for n in (48, 128)}
+            if args.ds_chat:
+                RESULTS["acceptance_before"]["chat"] = measure_chat(drafter)
             log("acceptance before: %s" % json.dumps(RESULTS["acceptance_before"]))
             drafter.train()
         ds_seconds = max(20.0, min(args.ds_seconds, (deadline - time.time()) * 0.6))
@@ -724,12 +785,16 @@ def main():
             frac = (time.time() - dt0) / ds_seconds
             for pg in dopt.param_groups:
                 pg["lr"] = lr_at(dstep, frac, 2e-3, 50)
-            seqs, feats, tlog, plen = groups[dstep % len(groups)]
+            if chat_groups and dstep % 2 == 1:      # half the steps on chat replies, a group by its size
+                w = torch.tensor([float(g[0].shape[0]) for g in chat_groups])
+                seqs, feats, tlog, plen, is_chat = chat_groups[int(torch.multinomial(w, 1, generator=gen))]
+            else:
+                seqs, feats, tlog, plen, is_chat = groups[(dstep // (2 if chat_groups else 1)) % len(groups)]
             Lseq = seqs.shape[1]
             bi = torch.randint(0, seqs.shape[0], (Bd,), generator=gen)
             # --only-dspark: anchors anywhere after 8 tokens, inside the prompt too, each position's
             # target the target model's own argmax there (what greedy verification accepts)
-            lo = min(8, plen - 1) if args.only_dspark else plen - 1
+            lo = min(8, plen - 1) if args.only_dspark and not is_chat else plen - 1
             p = torch.randint(lo, Lseq - K - 1, (Bd, A), generator=gen).to(d)
             s, f, tl = seqs[bi.to(d)], feats[bi.to(d)], tlog[bi.to(d)]
             ar = torch.arange(K, device=d)
@@ -769,6 +834,7 @@ def main():
         RESULTS["dspark"] = {"config": dcfg, "params": dparams, "steps": dstep, "seconds": round(time.time() - dt0, 1),
                              "initialised_from": ds_from,
                              "train_sequences": sum(int(g[0].shape[0]) for g in groups),
+                             "chat_replies": sum(int(g[0].shape[0]) for g in chat_groups),
                              "prompt_lengths": plens,
                              "file_bytes": os.path.getsize(os.path.join(dsdir, "model.safetensors"))}
         save_results()
@@ -831,6 +897,9 @@ def main():
                                          "tokens_per_step = accepted drafts + the target's own token")
         if args.only_dspark:
             RESULTS["acceptance_128"] = measure_acceptance(drafter, qmodel, 128 if not args.small else 24)
+        if args.ds_chat:
+            RESULTS["acceptance_chat"] = measure_chat(drafter)
+            log("chat acceptance: %s" % json.dumps(RESULTS["acceptance_chat"]))
         log("acceptance (%.1fs): %s %s" % (time.time() - t, json.dumps(RESULTS["acceptance"]),
                                             json.dumps(RESULTS.get("acceptance_128"))))
         save_results()
