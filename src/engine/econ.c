@@ -55,15 +55,20 @@ int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[
 
 /* The acceptance of guess j of drafter d's class c, given the guesses before it kept (b: guess
  * j - 1's, as this returned it). A position never ruled on is taken as a little less likely than
- * the one before it (as likely, for a free drafter). A free drafter is judged optimistically (an
- * upper bound that tightens as rulings come): trying its guesses costs only a wider pass. */
+ * the one before it (as likely, for a free drafter). A free drafter's positions past the first are
+ * judged optimistically (an upper bound that tightens as rulings come): trying its guesses costs
+ * only a wider pass, and they are ruled on less often than the first, which every step's block
+ * rules on, verified or not. Its first position is judged as measured: with the bonus, a class
+ * kept twice (0.83) looked like 0.98, and a block of 31 was verified on it and refused at its
+ * first guess. Without it there, chat from a store ran at 0.98-1.00x of no drafting against
+ * 0.96-0.98x, code the same (bench/results/drafting.md, 2026-12-06). */
 static double acc_at(const econ *e, int d, int c, int j, int opt, double b)
 {
     int n = e->ruled[d][c][j];
-    /* a free drafter's position never ruled on is judged as optimistically as the one before it:
-     * a long block's far positions are ruled on only once it was tried */
+    /* a free drafter's position never ruled on is judged as the one before it: a block's far
+     * positions are ruled on only once the text has come that far */
     double a = n ? e->acc[d][c][j] : j ? b * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
-    b = opt && n ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
+    b = opt && n && j ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
     return b < 1 ? b : 1;
 }
 
