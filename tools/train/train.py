@@ -741,17 +741,23 @@ def main():
         # --ds-chat: the target's own greedy replies to chat questions (the chat pairs', half of them with
         # thinking on), grouped by the prompt's length (greedy_batch wants equal lengths); anchors in the
         # reply only. Distilled on code and prose alone, DSpark kept about half its first guesses on chat
-        # (bench/results/drafting.md).
+        # (bench/results/drafting.md). A group's replies cost about the same whatever its rows (ds_chat_new
+        # passes over the whole batch): 54 lengths took 388 s on an H100, so the replies come from the
+        # most common lengths only, at most CHAT_LENGTHS of them (bench/results/train.md, run 9).
         chat_groups = []
         if args.ds_chat:
+            CHAT_LENGTHS = 8
             byl = {}
-            for i, (u, _) in enumerate(pairs[:args.ds_chat]):
+            for i, (u, _) in enumerate(pairs):
                 ids = chat.prompt(u, thinking=i % 2 == 0)
                 if len(ids) + args.ds_chat_new <= 512:
                     byl.setdefault(len(ids), []).append(ids)
-            for plen_c, rows in sorted(byl.items()):
-                if len(rows) < 4:
-                    continue
+            got = 0
+            for plen_c, rows in sorted(byl.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:CHAT_LENGTHS]:
+                rows = rows[:args.ds_chat - got]
+                got += len(rows)
+                if not rows:
+                    break
                 x0 = torch.tensor(rows, dtype=torch.long, device=d)
                 sc = torch.cat([greedy_batch(model, x0[i:i + 512], args.ds_chat_new) for i in range(0, len(rows), 512)])
                 with torch.no_grad():
