@@ -33,7 +33,12 @@ static double shape(const econ *e, int T)
  * (the same experts again) about twice what they cost; a slope from the one-position pass would
  * charge every further position the jump from the one-row kernels to the many-row ones
  * (bench/results/drafting.md, 2026-12-05). A slope measured below zero (noise) counts as zero:
- * the size is then tried, and measured. */
+ * the size is then tried, and measured. Nor is the slope trusted beyond t2's time scaled by the
+ * model (whichever is less is taken): between two small sizes it is noisy and steep, and from RAM
+ * a noisy 3-position pass (2.6 plain ones, against 1.5 for 2) extrapolated 32 positions to 33 plain
+ * passes where they cost 13, so no block over 1 guess was ever tried again and a loop was verified
+ * one guess a step (bench/results/drafting.md, 2026-12-06). A size judged too cheap costs one pass,
+ * which is then measured. */
 static double pass_cost(const econ *e, int T)
 {
     if (e->pass_s[T] > 0)
@@ -48,7 +53,9 @@ static double pass_cost(const econ *e, int T)
     if (t1 < 1)
         return e->pass_s[t2] * shape(e, T) / shape(e, t2);
     double slope = (e->pass_s[t2] - e->pass_s[t1]) / (shape(e, t2) - shape(e, t1));
-    return e->pass_s[t2] + (slope > 0 ? slope : 0) * (shape(e, T) - shape(e, t2));
+    double by_slope = e->pass_s[t2] + (slope > 0 ? slope : 0) * (shape(e, T) - shape(e, t2));
+    double by_model = e->pass_s[t2] * shape(e, T) / shape(e, t2);
+    return by_slope < by_model ? by_slope : by_model;
 }
 
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
