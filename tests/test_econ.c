@@ -212,3 +212,20 @@ TEST(econ_warm_up_waits_while_a_free_drafter_pays)
     CHECKF(model_asks == 1, "the model drafter was asked on %d steps of a loop", model_asks);
     CHECKF(tokens > 300, "the loop made %d tokens in 60 steps", tokens);
 }
+
+/* From RAM (no store: cost grows with compute alone) a noisy pass of 3 positions measured 2.6 plain
+ * ones against 1.5 for 2; the slope between them put 32 positions at 33 plain passes where they
+ * cost 13.4, and no block longer than one guess was ever tried again. An unmeasured size is judged
+ * no dearer than the model scales the largest measured one: 11.3 plain passes here. */
+TEST(econ_a_steep_slope_does_not_rule_out_long_blocks)
+{
+    drafter dr = {.name = "free", .propose = silent_propose};
+    drafter *use[1] = {&dr};
+    econ e;
+    econ_init(&e, use, 1, 8, 64, 0);
+    econ_passed(&e, 1, 1e-3, 0);
+    econ_passed(&e, 2, 1.5e-3, 0);
+    econ_passed(&e, 3, 2.6e-3, 0);
+    double c32 = econ_pass_cost(&e, 32);
+    CHECKF(c32 > 2.6e-3 && c32 < 16e-3, "32 positions judged %.1f plain passes", c32 / 1e-3);
+}
