@@ -618,6 +618,26 @@ def main():
     taps_ids = dspark_mod.default_config(cfg, 0, 0)["target_layer_ids"]
     embed = model.model.embed_tokens.weight.detach()
     lm_head = model.lm_head.weight.detach()
+    def dspark_steps(drafter, full, p):
+        """DSpark's greedy verification of the target's own sequence full [L] from position p on (the anchor
+        the newest target token; draft a block; accept the agreeing prefix, the target adds its own token):
+        verify steps, draft tokens accepted, and steps whose first draft was kept."""
+        with torch.no_grad(), torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
+            _, taps = model.hidden(full.unsqueeze(0), taps=set(taps_ids))
+            ctx = drafter.context(torch.cat([taps[j] for j in taps_ids], -1).float())[0]
+        steps = accepted = first = 0
+        while p < full.numel() - 1:
+            with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
+                dr = drafter.draft(ctx, p, int(full[p]), embed, lm_head)
+            a = 0
+            while a < len(dr) and p + 1 + a < full.numel() and dr[a] == int(full[p + 1 + a]):
+                a += 1
+            steps += 1
+            accepted += a
+            first += a > 0
+            p += a + 1
+        return steps, accepted, first
+
     def measure_acceptance(drafter, qmodel, plen_a):
         """Greedy verification of the target's own continuation of held-out prompts of plen_a tokens:
         per drafter, verify steps and the draft tokens they accept (tokens_per_step adds the target's own)."""
@@ -630,22 +650,9 @@ def main():
                 continue
             prompt = va[o:o + plen_a].long().unsqueeze(0)
             full = greedy_batch(model, prompt, P["acc_new"])[0]                   # target's greedy continuation
-            with torch.no_grad(), torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
-                _, taps = model.hidden(full.unsqueeze(0), taps=set(taps_ids))
-                ctx = drafter.context(torch.cat([taps[j] for j in taps_ids], -1).float())[0]
-            # DSpark: anchor = the newest target token at position p; draft K; accept the agreeing prefix (+1 bonus)
-            p = plen_a
-            steps = accepted = 0
-            while drafter is not None and p < full.numel() - 1:
-                with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
-                    dr = drafter.draft(ctx, p, int(full[p]), embed, lm_head)
-                a = 0
-                while a < len(dr) and p + 1 + a < full.numel() and dr[a] == int(full[p + 1 + a]):
-                    a += 1
-                steps += 1
-                accepted += a
-                p += a + 1
-            acc["dspark"].append((accepted, steps))
+            if drafter is not None:
+                steps, accepted, _ = dspark_steps(drafter, full, plen_a)
+                acc["dspark"].append((accepted, steps))
             # Qwen3 (cross-tokenizer): draft 5 Qwen tokens from the text so far, re-tokenize with K3's tokenizer
             p = plen_a
             steps = accepted = 0
@@ -689,20 +696,8 @@ def main():
         for q, th in qs:
             prompt = torch.tensor([chat.prompt(q, thinking=th)], dtype=torch.long, device=d)
             full = greedy_batch(model, prompt, 128)[0]
-            with torch.no_grad(), torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
-                _, taps = model.hidden(full.unsqueeze(0), taps=set(taps_ids))
-                ctx = drafter.context(torch.cat([taps[j] for j in taps_ids], -1).float())[0]
-            p = prompt.shape[1]
-            while p < full.numel() - 1:
-                with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
-                    dr = drafter.draft(ctx, p, int(full[p]), embed, lm_head)
-                a = 0
-                while a < len(dr) and p + 1 + a < full.numel() and dr[a] == int(full[p + 1 + a]):
-                    a += 1
-                steps += 1
-                accepted += a
-                first += a > 0
-                p += a + 1
+            s_, a_, f_ = dspark_steps(drafter, full, prompt.shape[1])
+            steps, accepted, first = steps + s_, accepted + a_, first + f_
         return {"prompts": len(qs), "verify_steps": steps, "accepted_draft_tokens": accepted,
                 "mean_accepted_per_step": accepted / max(1, steps), "first_guess_kept": first / max(1, steps)}
 
