@@ -143,10 +143,11 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
     e->remaining = remaining;
     *best_d = -1;
     *best_k_out = 0;
-    /* each drafter's best k for its latest class, and its rate. A free drafter whose guesses were
-     * seen to pay keeps its step: another's warm-up (one guess verified) would take a loop's block
-     * of guesses from it (bench/results/drafting.md, 2026-12-05). The warm-up waits for a step
-     * where no free drafter's ruled class pays. */
+    /* each drafter's best k for its latest class, and its rate. While a free drafter's ruled
+     * class pays, a model drafter's warm-up waits: in a loop its asks would be paid for on every
+     * step (its guess is ruled on unverified, and generate.c still verifies the free drafter's
+     * guesses in that step; before guesses were ruled on unverified, each warm-up step traded a
+     * loop's block for one guess: bench/results/drafting.md, 2026-12-05). */
     int kd[GEN_MAX_DRAFTERS], free_pays = 0;
     double rd[GEN_MAX_DRAFTERS];
     for (int d = 0; d < nd; d++) {
