@@ -50,11 +50,11 @@ static double pass_cost(const econ *e, int T)
         return 1e-3 * shape(e, T);
     for (t1 = t2 - 1; t1 >= 1 && e->pass_s[t1] <= 0; t1--)
         ;
+    double by_model = e->pass_s[t2] * shape(e, T) / shape(e, t2);
     if (t1 < 1)
-        return e->pass_s[t2] * shape(e, T) / shape(e, t2);
+        return by_model;
     double slope = (e->pass_s[t2] - e->pass_s[t1]) / (shape(e, t2) - shape(e, t1));
     double by_slope = e->pass_s[t2] + (slope > 0 ? slope : 0) * (shape(e, T) - shape(e, t2));
-    double by_model = e->pass_s[t2] * shape(e, T) / shape(e, t2);
     return by_slope < by_model ? by_slope : by_model;
 }
 
@@ -155,11 +155,9 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
         kd[d] = best_k(e, d, c, kmax, e->propose_s[d], &rd[d]);
         free_pays |= econ_is_free(e, d) && e->ruled[d][c][0] >= ECON_WARMUP && kd[d] > 0;
     }
-    for (int i = 0; i < nd; i++) { /* warm-up, in turn */
+    for (int i = 0; i < nd && !free_pays; i++) { /* warm-up, in turn (a free drafter needs none) */
         int d = (e->turn + i) % nd;
-        if (free_pays && !econ_is_free(e, d))
-            continue;
-        if (e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS && !econ_is_free(e, d) &&
+        if (!econ_is_free(e, d) && e->guessed[d] < ECON_WARMUP && e->asked[d] < ECON_WARMUP_ASKS &&
             can_pay(e, d, kmax)) {
             e->turn = d + 1;
             *best_d = d;
@@ -259,10 +257,12 @@ void econ_unverified(econ *e, int d, int cls, int64_t p0, const int32_t *g, int 
     assert(d >= 0 && d < e->nd && cls >= 0 && cls < DRAFT_CLASSES && n <= GEN_MAX_DRAFT && nver >= 0 && nver <= n);
     if (nver == n)
         return;
-    econ_shadow *sh = e->sh[d];
-    while (sh->active) /* (a free one is there: see ECON_SHADOWS) */
+    econ_shadow *sh = e->sh[d], *end = sh + ECON_SHADOWS;
+    while (sh < end && sh->active)
         sh++;
-    assert(sh < e->sh[d] + ECON_SHADOWS);
+    assert(sh < end); /* (see ECON_SHADOWS) */
+    if (sh == end)
+        return;
     *sh = (econ_shadow){.active = 1, .cls = cls, .n = n, .nver = nver, .probe = st->probe, .p0 = p0};
     memcpy(sh->g, g, sizeof *g * (size_t)n);
 }
