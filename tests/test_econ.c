@@ -229,3 +229,34 @@ TEST(econ_a_steep_slope_does_not_rule_out_long_blocks)
     double c32 = econ_pass_cost(&e, 32);
     CHECKF(c32 > 2.6e-3 && c32 < 16e-3, "32 positions judged %.1f plain passes", c32 / 1e-3);
 }
+
+/* A model drafter (each ask a fifth of a plain pass) whose guesses are never the target's: after its
+ * two warm-up asks it is probed with one guess every 32 steps, twice as seldom after each probe
+ * refused, its guesses ruled on unverified. Over 600 steps that is 2 + 4 asks (steps 32, 96, 224,
+ * 480); probes that did not back off would make 20. No pass verifies any of them. */
+TEST(econ_probes_of_a_drafter_never_right_back_off)
+{
+    drafter md = {.name = "model", .propose = silent_propose};
+    drafter *use[1] = {&md};
+    econ e;
+    econ_init(&e, use, 1, 8, 64, 1);
+    const int32_t wrong[1] = {0};
+    int64_t pos = 100;
+    int asks = 0, verified = 0;
+    for (int s = 0; s < 600; s++) {
+        int d, k, m = 0;
+        econ_step es;
+        econ_choose(&e, 7, (int)pos + 1, 600 - s, &d, &k, &es);
+        if (d == 0 && k > 0) {
+            econ_asked(&e, 0, 0.2 * pass_seconds(1), 0, 1, 0);
+            m = econ_verify(&e, 0, 0, 1, 1, &es);
+            econ_unverified(&e, 0, 0, pos + 1, wrong, 1, m, &es);
+            asks++;
+            verified += m > 0;
+        }
+        econ_passed(&e, m + 1, pass_seconds(m + 1), m == 0 ? 0.85 * pass_seconds(1) : 0);
+        econ_decided(&e, pos + 1, 1); /* (a verified guess would be refused: the target's own token) */
+        pos++;
+    }
+    CHECKF(asks >= 3 && asks <= 8 && verified == 0, "asked on %d of 600 steps, verified on %d", asks, verified);
+}
