@@ -242,6 +242,36 @@ def greedy_batch(model, x, n):
     return x
 
 
+def ds_prompts(args, P, train_st, pairs, chat, chat_lengths=8):
+    """The prompts whose greedy continuations DSpark learns from: raw [(plen, [G,plen] ids)], --ds-prompts of
+    them in equal groups of the --ds-plens lengths, and chat [(plen, rows)], --ds-chat questions of the chat
+    pairs (half of them with thinking on).
+    Many short continuations rather than few long ones: run 2's 384 x 160 tokens were learnt by heart (training
+    accuracy 1.0, held-out acceptance 0.40). Several lengths: a drafter that only ever saw 32-token contexts
+    accepts far less after 100-token prompts (bench/results/train.md, "DSpark, run 5"). Distilled on code and
+    prose alone, DSpark kept about half its first guesses on chat (bench/results/drafting.md). Chat replies
+    come from chat_lengths lengths at most (None: all) because greedy_batch wants equal lengths and a group
+    costs about the same whatever its rows: 54 lengths took 388 s on an H100 (bench/results/train.md, run 9)."""
+    gsz = args.ds_prompts or P["ds_prompts"]
+    plens = [int(x) for x in args.ds_plens.split(",")] if not args.small else [16]
+    raw = []
+    for gi, plen in enumerate(plens):
+        x0, _, _ = train_st.batch(gsz // len(plens), plen, torch.Generator().manual_seed(9 + gi), doc_frac=0.5)
+        raw.append((plen, x0.cpu()))
+    byl = {}
+    for i, (u, _) in enumerate(pairs if args.ds_chat else []):
+        ids = chat.prompt(u, thinking=i % 2 == 0)
+        if len(ids) + args.ds_chat_new <= 512:
+            byl.setdefault(len(ids), []).append(ids)
+    out, got = [], 0
+    for plen, rows in sorted(byl.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:chat_lengths]:
+        rows = rows[:args.ds_chat - got]
+        got += len(rows)
+        if rows:
+            out.append((plen, rows))
+    return raw, out
+
+
 # ---------------------------------------------------------------------------------------------- stages
 
 def stage_failed(name):
@@ -327,6 +357,8 @@ def main():
     ap.add_argument("--ds-chat", type=int, default=0,
                     help="chat replies DSpark also learns from: the target's greedy replies to the chat pairs' questions")
     ap.add_argument("--ds-chat-new", type=int, default=96, help="tokens of each of those replies")
+    ap.add_argument("--ds-greedy", default=None,
+                    help="DSpark's greedy sequences from a file (engine_greedy.py) instead of generating them")
     ap.add_argument("--ds-plens", default="32",
                     help="prompt lengths of DSpark's greedy continuations, comma-separated (equal groups)")
     args = ap.parse_args()
@@ -445,6 +477,16 @@ def main():
                        "encoder": encw}
     log("chat pairs: %d (%d tokens)" % (len(pairs), RESULTS["data"]["chat_tokens"]))
     save_results()
+    if args.stage == "ds-prompts":  # for engine_greedy.py: DSpark's prompts, the engine continues them
+        # every length (the engine needs no equal ones) and the chat pairs of all the training files
+        raw, chat_rows = ds_prompts(args, P, train_st, corpus_mod.chat_pairs(train_docs, limit=20000), chat, None)
+        json.dump({"new": P["ds_new"], "chat_new": args.ds_chat_new,
+                   "raw": [{"plen": plen, "prompts": x0.tolist()} for plen, x0 in raw],
+                   "chat": [{"plen": plen, "prompts": rows} for plen, rows in chat_rows]},
+                  open(os.path.join(OUT, "ds_prompts.json"), "w"))
+        log("DSpark prompts: %d raw, %d chat -> %s" % (sum(len(x) for _, x in raw),
+                                                        sum(len(r) for _, r in chat_rows), OUT))
+        return
 
     # ---- the Qwen3 drafter trains in a parallel process meanwhile
     t = time.time()
@@ -709,72 +751,56 @@ def main():
             dcfg.update(intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=32,
                         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32, markov_rank=8)
         taps_ids = dcfg["target_layer_ids"]
-        gsz = args.ds_prompts or P["ds_prompts"]
-        # many short continuations rather than few long ones: run 2's 384 x 160 tokens were learnt by heart
-        # (training accuracy 1.0, held-out acceptance 0.40); the GPU generates 512 rows for about the cost of 128
-        # --ds-plens: groups of equal size, one prompt length each (a drafter that only ever saw 32-token
-        # contexts accepts far less after 100-token prompts: bench/results/train.md, "DSpark, run 5")
-        plens = [int(x) for x in args.ds_plens.split(",")] if not args.small else [16]
-        groups = []                                                               # (seqs, feats, tlog, plen)
-        for gi, plen in enumerate(plens):
-            gn = gsz // len(plens)
-            x0, _, _ = train_st.batch(gn, plen, torch.Generator().manual_seed(9 + gi), doc_frac=0.5)
-            seqs = []
-            for i in range(0, gn, 512):
-                seqs.append(greedy_batch(model, x0[i:i + 512], P["ds_new"]))
-            seqs = torch.cat(seqs)                                                # [G, plen+new]
+        if args.ds_greedy:          # the engine's own greedy sequences (engine_greedy.py), prompts included
+            gj = json.load(open(args.ds_greedy))
+            raw_seqs = [(g["plen"], torch.tensor(g["seqs"], dtype=torch.long)) for g in gj["raw"]]
+            chat_seqs = [(g["plen"], torch.tensor(g["seqs"], dtype=torch.long)) for g in gj["chat"]]
+            log("DSpark data from %s" % args.ds_greedy)
+        else:
+            raw_p, chat_p = ds_prompts(args, P, train_st, pairs, chat)
+            raw_seqs = [(plen, torch.cat([greedy_batch(model, x0[i:i + 512].to(d), P["ds_new"])
+                                          for i in range(0, len(x0), 512)])) for plen, x0 in raw_p]
+            chat_seqs = [(plen, torch.cat([greedy_batch(model, torch.tensor(rows[i:i + 512], dtype=torch.long,
+                                                                            device=d), args.ds_chat_new)
+                                           for i in range(0, len(rows), 512)])) for plen, rows in chat_p]
+
+        def ds_group(parts, is_raw):
+            """[(plen, seqs [G,plen+new])] -> (seqs [G,L], the taps of target_layer_ids concatenated [G,L,n*H],
+            the target's logits [G,L,V], each row's anchor range lo, hi [G]). Rows of unequal length are
+            padded at the end: an anchor's block ends inside its row, and DSpark's context is causal."""
+            L = max(x.shape[1] for _, x in parts)
+            seqs = torch.cat([F.pad(x, (0, L - x.shape[1]), value=PAD) for _, x in parts]).to(d)
+            # --only-dspark: raw anchors from the 8th token on, inside the prompt too; chat ones in the reply
+            lo = torch.cat([torch.full((x.shape[0],), min(8, plen - 1) if args.only_dspark and is_raw else plen - 1)
+                            for plen, x in parts])
+            hi = torch.cat([torch.full((x.shape[0],), x.shape[1] - K - 1) for _, x in parts])
             with torch.no_grad():
                 feats, tlog = [], []
-                for i in range(0, gn, 256):
+                for i in range(0, seqs.shape[0], 256):
                     with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
                         hN, taps = model.hidden(seqs[i:i + 256], taps=set(taps_ids))
                         feats.append(torch.cat([taps[j] for j in taps_ids], -1).to(torch.bfloat16))
                         tlog.append(model.lm_head(hN).to(torch.bfloat16))
-                feats, tlog = torch.cat(feats), torch.cat(tlog)
-            groups.append((seqs, feats, tlog, plen, False))
-            log("DSpark data: %d sequences x %d tokens (%.1fs)" % (seqs.shape[0], seqs.shape[1], time.time() - t))
-        # --ds-chat: the target's own greedy replies to chat questions (the chat pairs', half of them with
-        # thinking on), grouped by the prompt's length (greedy_batch wants equal lengths); anchors in the
-        # reply only. Distilled on code and prose alone, DSpark kept about half its first guesses on chat
-        # (bench/results/drafting.md). A group's replies cost about the same whatever its rows (ds_chat_new
-        # passes over the whole batch): 54 lengths took 388 s on an H100, so the replies come from the
-        # most common lengths only, at most CHAT_LENGTHS of them (bench/results/train.md, run 9).
-        chat_groups = []
-        if args.ds_chat:
-            CHAT_LENGTHS = 8
-            byl = {}
-            for i, (u, _) in enumerate(pairs):
-                ids = chat.prompt(u, thinking=i % 2 == 0)
-                if len(ids) + args.ds_chat_new <= 512:
-                    byl.setdefault(len(ids), []).append(ids)
-            got = 0
-            for plen_c, rows in sorted(byl.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:CHAT_LENGTHS]:
-                rows = rows[:args.ds_chat - got]
-                got += len(rows)
-                if not rows:
-                    break
-                x0 = torch.tensor(rows, dtype=torch.long, device=d)
-                sc = torch.cat([greedy_batch(model, x0[i:i + 512], args.ds_chat_new) for i in range(0, len(rows), 512)])
-                with torch.no_grad():
-                    fc, tc = [], []
-                    for i in range(0, sc.shape[0], 256):
-                        with torch.autocast(device_type=d, dtype=torch.bfloat16, enabled=d == "cuda"):
-                            hN, taps = model.hidden(sc[i:i + 256], taps=set(taps_ids))
-                            fc.append(torch.cat([taps[j] for j in taps_ids], -1).to(torch.bfloat16))
-                            tc.append(model.lm_head(hN).to(torch.bfloat16))
-                chat_groups.append((sc, torch.cat(fc), torch.cat(tc), plen_c, True))
-            log("DSpark chat data: %d replies of %d tokens in %d prompt lengths (%.1fs)" % (
-                sum(g[0].shape[0] for g in chat_groups), args.ds_chat_new, len(chat_groups), time.time() - t))
+            return seqs, torch.cat(feats), torch.cat(tlog), lo.to(d), hi.to(d)
+
+        K = dcfg["block_size"]
+        plens = [plen for plen, _ in raw_seqs]
+        groups = [ds_group([g], True) for g in raw_seqs]                  # a group per prompt length
+        log("DSpark data: %d sequences x %d tokens (%.1fs)" % (
+            sum(g[0].shape[0] for g in groups), groups[0][0].shape[1], time.time() - t))
+        chat_groups = [ds_group(chat_seqs, False)] if chat_seqs else []   # one, its rows padded
+        if chat_groups:
+            log("DSpark chat data: %d replies, %d prompt lengths (%.1fs)" % (
+                chat_groups[0][0].shape[0], len(chat_seqs), time.time() - t))
         seqs = groups[0][0]                                                       # what the Qwen3 re-tune reads
         init = os.path.join(dsdir, "model.safetensors")
         ds_from = args.resume if cont and os.path.exists(init) else None     # continue the earlier drafter
         drafter = (dspark_mod.load(dsdir, dcfg) if ds_from else dspark_mod.DSpark(dcfg)).to(d)
         dparams = sum(p.numel() for p in drafter.parameters())
         dopt = make_opt(drafter, 2e-3)
-        K = dcfg["block_size"]
         if args.only_dspark:
             RESULTS["acceptance_before"] = {str(n): measure_acceptance(drafter.eval(), None, n) for n in (48, 128)}
-            if args.ds_chat:
+            if chat_groups:
                 RESULTS["acceptance_before"]["chat"] = measure_chat(drafter)
             log("acceptance before: %s" % json.dumps(RESULTS["acceptance_before"]))
             drafter.train()
@@ -786,18 +812,16 @@ def main():
             frac = (time.time() - dt0) / ds_seconds
             for pg in dopt.param_groups:
                 pg["lr"] = lr_at(dstep, frac, 2e-3, 50)
-            if chat_groups and dstep % 2 == 1:      # half the steps on chat replies, a group by its size
-                w = torch.tensor([float(g[0].shape[0]) for g in chat_groups])
-                seqs, feats, tlog, plen, is_chat = chat_groups[int(torch.multinomial(w, 1, generator=gen))]
+            if chat_groups and dstep % 2 == 1:      # half the steps on chat replies
+                seqs, feats, tlog, lo, hi = chat_groups[0]
             else:
-                seqs, feats, tlog, plen, is_chat = groups[(dstep // (2 if chat_groups else 1)) % len(groups)]
-            Lseq = seqs.shape[1]
-            bi = torch.randint(0, seqs.shape[0], (Bd,), generator=gen)
-            # --only-dspark: anchors anywhere after 8 tokens, inside the prompt too, each position's
-            # target the target model's own argmax there (what greedy verification accepts)
-            lo = min(8, plen - 1) if args.only_dspark and not is_chat else plen - 1
-            p = torch.randint(lo, Lseq - K - 1, (Bd, A), generator=gen).to(d)
-            s, f, tl = seqs[bi.to(d)], feats[bi.to(d)], tlog[bi.to(d)]
+                seqs, feats, tlog, lo, hi = groups[(dstep // (2 if chat_groups else 1)) % len(groups)]
+            bi = torch.randint(0, seqs.shape[0], (Bd,), generator=gen).to(d)
+            # anchors uniform in each row's range [lo, hi); each position's target with --only-dspark is
+            # the target model's own argmax there (what greedy verification accepts)
+            u = torch.rand((Bd, A), generator=gen).to(d)
+            p = lo[bi, None] + (u * (hi[bi] - lo[bi])[:, None]).long()
+            s, f, tl = seqs[bi], feats[bi], tlog[bi]
             ar = torch.arange(K, device=d)
             pos = p.unsqueeze(-1) + ar                                            # [Bd,A,K]
             bidx = torch.arange(Bd, device=d).view(Bd, 1, 1)
@@ -898,7 +922,7 @@ def main():
                                          "tokens_per_step = accepted drafts + the target's own token")
         if args.only_dspark:
             RESULTS["acceptance_128"] = measure_acceptance(drafter, qmodel, 128 if not args.small else 24)
-        if args.ds_chat:
+        if args.ds_chat or args.ds_greedy:
             RESULTS["acceptance_chat"] = measure_chat(drafter)
             log("chat acceptance: %s" % json.dumps(RESULTS["acceptance_chat"]))
         log("acceptance (%.1fs): %s %s" % (time.time() - t, json.dumps(RESULTS["acceptance"]),
