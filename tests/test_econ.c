@@ -230,6 +230,23 @@ TEST(econ_a_steep_slope_does_not_rule_out_long_blocks)
     CHECKF(c32 > 2.6e-3 && c32 < 16e-3, "32 positions judged %.1f plain passes", c32 / 1e-3);
 }
 
+/* From RAM a pass of 32 positions measured 13.4 plain ones. A size between it and a measured 2 is
+ * judged between them (8.6, along the model's shape), not from 2 alone (5.0): judged that cheap,
+ * each such size was verified once at about twice its predicted cost before it was known. */
+TEST(econ_a_size_between_two_measured_ones_is_judged_between_them)
+{
+    drafter dr = {.name = "free", .propose = silent_propose};
+    drafter *use[1] = {&dr};
+    econ e;
+    econ_init(&e, use, 1, 8, 64, 0);
+    econ_passed(&e, 1, 1e-3, 0);
+    econ_passed(&e, 2, 1.5e-3, 0);
+    econ_passed(&e, 32, 13.4e-3, 0);
+    double c20 = econ_pass_cost(&e, 20), c8 = econ_pass_cost(&e, 8);
+    CHECKF(c20 > 7e-3 && c20 < 13.4e-3, "20 positions judged %.1f plain passes", c20 / 1e-3);
+    CHECKF(c8 > 1.5e-3 && c8 < c20, "8 positions judged %.1f plain passes, 20 %.1f", c8 / 1e-3, c20 / 1e-3);
+}
+
 /* A model drafter (each ask a fifth of a plain pass) whose guesses are never the target's: after its
  * two warm-up asks it is probed with one guess every 32 steps, twice as seldom after each probe
  * refused, its guesses ruled on unverified. Over 600 steps that is 2 + 4 asks (steps 32, 96, 224,

@@ -26,26 +26,40 @@ static double shape(const econ *e, int T)
     return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
 }
 
-/* the time of a pass of T positions: measured, or extrapolated from the two largest measured
- * smaller sizes t1 < t2 along the model's shape: the slope between them carries what the model
- * does not know (the routing's locality, the cache's hits, kernels whose cost per position differs
- * from COMPUTE_PER_POS). Scaling t2's whole time by the model would charge a loop's verify passes
- * (the same experts again) about twice what they cost; a slope from the one-position pass would
- * charge every further position the jump from the one-row kernels to the many-row ones
- * (bench/results/drafting.md, 2026-12-05). A slope measured below zero (noise) counts as zero:
- * the size is then tried, and measured. Nor is the slope trusted beyond t2's time scaled by the
- * model (whichever is less is taken): between two small sizes it is noisy and steep, and from RAM
- * a noisy 3-position pass (2.6 plain ones, against 1.5 for 2) extrapolated 32 positions to 33 plain
- * passes where they cost 13, so no block over 1 guess was ever tried again and a loop was verified
- * one guess a step (bench/results/drafting.md, 2026-12-06). A size judged too cheap costs one pass,
- * which is then measured. */
+/* the time of a pass of T positions: measured; or, between two measured sizes t2 < T < t3,
+ * interpolated between them along the model's shape; or, above the largest measured, extrapolated
+ * from the two largest measured t1 < t2. Without the larger neighbour, from RAM, every size between
+ * a measured 2 and a measured 32 was judged from 2 alone, too cheap, so each was verified once at
+ * about twice the predicted cost before it was known: on chat, 2 runs in 11 drafted 176-223 guesses
+ * in 10 steps and ran at 0.7x of no drafting (bench/results/drafting.md, 2026-12-06).
+ * Extrapolated, the slope between t1 and t2 carries what the model does not know (the routing's
+ * locality, the cache's hits, kernels whose cost per position differs from COMPUTE_PER_POS).
+ * Scaling t2's whole time by the model would charge a loop's verify passes (the same experts
+ * again) about twice what they cost; a slope from the one-position pass would charge every further
+ * position the jump from the one-row kernels to the many-row ones (bench/results/drafting.md,
+ * 2026-12-05). A slope measured below zero (noise) counts as zero: the size is then tried, and
+ * measured. Nor is the slope trusted beyond t2's time scaled by the model (whichever is less is
+ * taken): between two small sizes it is noisy and steep, and from RAM a noisy 3-position pass (2.6
+ * plain ones, against 1.5 for 2) extrapolated 32 positions to 33 plain passes where they cost 13,
+ * so no block over 1 guess was ever tried again and a loop was verified one guess a step
+ * (bench/results/drafting.md, 2026-12-06). A size judged too cheap costs one pass, which is then
+ * measured. */
 static double pass_cost(const econ *e, int T)
 {
+    assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
     if (e->pass_s[T] > 0)
         return e->pass_s[T];
-    int t2 = T - 1, t1;
+    int t2 = T - 1, t1, t3 = T + 1;
     while (t2 >= 1 && e->pass_s[t2] <= 0)
         t2--;
+    while (t3 <= GEN_MAX_DRAFT + 1 && e->pass_s[t3] <= 0)
+        t3++;
+    if (t3 <= GEN_MAX_DRAFT + 1) {
+        if (t2 < 1)
+            return e->pass_s[t3] * shape(e, T) / shape(e, t3);
+        double f = (shape(e, T) - shape(e, t2)) / (shape(e, t3) - shape(e, t2));
+        return e->pass_s[t2] + f * (e->pass_s[t3] - e->pass_s[t2]);
+    }
     if (t2 < 1)
         return 1e-3 * shape(e, T);
     for (t1 = t2 - 1; t1 >= 1 && e->pass_s[t1] <= 0; t1--)
