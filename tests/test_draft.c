@@ -863,10 +863,11 @@ static void truth_close(truth_case *c)
     engine_free(c->e);
 }
 
-/* A drafter that says what an ask costs (draft.h: cost) is asked only if a good drafter would win
- * that back over the tokens still wanted: with a prohibitive first ask it is never asked (a model
- * drafter whose prompt prefill costs more than the decode could save), with a cheap one it is, and
- * its perfect guesses are kept; the tokens and logits are a plain decode's either way. */
+/* A drafter that says what an ask costs (draft.h: cost) is asked only if learning whether it pays
+ * costs little of the decode still wanted (econ.c: first_ask_pays): with a prohibitive first ask
+ * it is never asked (a model drafter whose prompt prefill costs more than the decode could save),
+ * with a cheap one it is, and its perfect guesses are kept; the tokens and logits are a plain
+ * decode's either way. */
 TEST(draft_first_ask_by_its_estimate)
 {
     errbuf err;

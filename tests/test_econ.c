@@ -247,6 +247,40 @@ TEST(econ_a_size_between_two_measured_ones_is_judged_between_them)
     CHECKF(c8 > 1.5e-3 && c8 < c20, "8 positions judged %.1f plain passes, 20 %.1f", c8 / 1e-3, c20 / 1e-3);
 }
 
+static double block_cost(drafter *d, int n, int k, double *once)
+{
+    (void)d, (void)n, (void)k;
+    *once = 0;
+    return 2.67; /* what the bundled DSpark estimates of itself: its block, whatever k */
+}
+
+/* From a store (87% of a plain pass stalled on reads), before its first ask, a block drafter whose
+ * estimate is 2.67 plain passes from RAM (0.35 of one here) could pay only if nearly all its
+ * guesses were kept. Learning whether they are costs two asks (its guesses are ruled on
+ * unverified), under 2% of the decode still wanted, so it is warmed up, asked for its whole
+ * block: every position is then ruled on. Judged as a drafter keeping 0.8 of its guesses, DSpark
+ * was never asked on chat from a store, where it keeps 0.87-0.98 of its first guesses. From RAM
+ * the same asks cost 5.3 plain passes, and it is not asked. */
+TEST(econ_a_block_drafter_is_warmed_up_on_its_whole_block_from_a_store)
+{
+    drafter md = {.name = "block", .propose = silent_propose, .cost = block_cost};
+    drafter *use[1] = {&md};
+    econ e;
+    econ_init(&e, use, 1, 8, 64, 1);
+    for (int i = 0; i < 8; i++)
+        econ_passed(&e, 1, 0.010, 0.0087);
+    int d, k;
+    econ_step es;
+    econ_choose(&e, 6, 150, 127, &d, &k, &es);
+    CHECKF(d == 0 && k == 6 && es.warm, "drafter %d asked for %d guesses (warm-up %d)", d, k, es.warm);
+    /* from RAM its two warm-up asks would cost 5.3 plain passes, over 2% of the 127 still wanted */
+    econ_init(&e, use, 1, 8, 64, 0);
+    for (int i = 0; i < 8; i++)
+        econ_passed(&e, 1, 0.010, 0);
+    econ_choose(&e, 6, 150, 127, &d, &k, &es);
+    CHECKF(d < 0 && k == 0, "from RAM, drafter %d asked for %d guesses", d, k);
+}
+
 /* A model drafter (each ask a fifth of a plain pass) whose guesses are never the target's: after its
  * two warm-up asks it is probed with one guess every 32 steps, twice as seldom after each probe
  * refused, its guesses ruled on unverified. Over 600 steps that is 2 + 4 asks (steps 32, 96, 224,

@@ -20,8 +20,9 @@
 #include "engine/draft.h"
 #include "engine/generate.h"
 
-/* Warm-up: each drafter is asked for one guess until ECON_WARMUP steps had guesses from it, or it
- * was asked ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram one on new text,
+/* Warm-up: each drafter is asked for one guess (a block drafter, whose estimate says more cost no
+ * more, for all kmax) until ECON_WARMUP steps had guesses from it, or it was asked
+ * ECON_WARMUP_ASKS times (a drafter that seldom guesses, as the n-gram one on new text,
  * costs nothing when it has none). A class's guesses are verified once ECON_WARMUP of its first
  * guesses were ruled on. */
 enum { ECON_WARMUP = 2, ECON_WARMUP_ASKS = 64, ECON_PROBE_MAX = 512 };

@@ -25,10 +25,12 @@
  * The step takes the drafter and k with the best E(k) / cost; the guesses it returns are verified
  * only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
  * decides their positions (what a verify would have ruled), so a class's first guesses, a model
- * drafter's warm-up (one guess a step for ECON_WARMUP steps that had guesses, only in steps where
- * no free drafter's guesses pay) and its probes (one guess every GEN_PROBE_EVERY steps when no
- * drafter beats plain decode, twice as seldom after each refused) cost asks, not verify passes.
- * A drafter that could not pay even if every guess were kept is neither warmed up nor probed; one
+ * drafter's warm-up (one guess a step, or a block drafter's whole block, for ECON_WARMUP steps
+ * that had guesses, only in steps where no free drafter's guesses pay) and its probes (the same
+ * every GEN_PROBE_EVERY steps when no drafter beats plain decode, twice as seldom after each
+ * refused) cost asks, not verify passes. A drafter that could not pay even if every guess were
+ * kept, or whose first asks would cost over 2% of the decode still wanted, is neither warmed up
+ * nor probed; one
  * that costs next to nothing (the n-gram one) is asked for all it has every step and judged
  * optimistically (docs/drafting.md). The economics itself is econ.h's.
  */
