@@ -213,6 +213,16 @@ TEST(econ_warm_up_waits_while_a_free_drafter_pays)
     CHECKF(tokens > 300, "the loop made %d tokens in 60 steps", tokens);
 }
 
+/* an economics from RAM (no store) with passes of 1 and 2 positions measured at 1 and 1.5 ms, and
+ * one of T at `seconds` */
+static void from_ram(econ *e, drafter *const *use, int T, double seconds)
+{
+    econ_init(e, use, 1, 8, 64, 0);
+    econ_passed(e, 1, 1e-3, 0);
+    econ_passed(e, 2, 1.5e-3, 0);
+    econ_passed(e, T, seconds, 0);
+}
+
 /* From RAM (no store: cost grows with compute alone) a noisy pass of 3 positions measured 2.6 plain
  * ones against 1.5 for 2; the slope between them put 32 positions at 33 plain passes where they
  * cost 13.4, and no block longer than one guess was ever tried again. An unmeasured size is judged
@@ -222,10 +232,7 @@ TEST(econ_a_steep_slope_does_not_rule_out_long_blocks)
     drafter dr = {.name = "free", .propose = silent_propose};
     drafter *use[1] = {&dr};
     econ e;
-    econ_init(&e, use, 1, 8, 64, 0);
-    econ_passed(&e, 1, 1e-3, 0);
-    econ_passed(&e, 2, 1.5e-3, 0);
-    econ_passed(&e, 3, 2.6e-3, 0);
+    from_ram(&e, use, 3, 2.6e-3);
     double c32 = econ_pass_cost(&e, 32);
     CHECKF(c32 > 2.6e-3 && c32 < 16e-3, "32 positions judged %.1f plain passes", c32 / 1e-3);
 }
@@ -238,10 +245,7 @@ TEST(econ_a_size_between_two_measured_ones_is_judged_between_them)
     drafter dr = {.name = "free", .propose = silent_propose};
     drafter *use[1] = {&dr};
     econ e;
-    econ_init(&e, use, 1, 8, 64, 0);
-    econ_passed(&e, 1, 1e-3, 0);
-    econ_passed(&e, 2, 1.5e-3, 0);
-    econ_passed(&e, 32, 13.4e-3, 0);
+    from_ram(&e, use, 32, 13.4e-3);
     double c20 = econ_pass_cost(&e, 20), c8 = econ_pass_cost(&e, 8);
     CHECKF(c20 > 7e-3 && c20 < 13.4e-3, "20 positions judged %.1f plain passes", c20 / 1e-3);
     CHECKF(c8 > 1.5e-3 && c8 < c20, "8 positions judged %.1f plain passes, 20 %.1f", c8 / 1e-3, c20 / 1e-3);
