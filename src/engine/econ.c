@@ -29,8 +29,9 @@ static double shape(const econ *e, int T)
  * interpolated between them along the model's shape; or, above the largest measured, extrapolated
  * from the two largest measured t1 < t2. Without the larger neighbour, from RAM, every size between
  * a measured 2 and a measured 32 was judged from 2 alone, too cheap, so each was verified once at
- * about twice the predicted cost before it was known: on chat, 2 runs in 11 drafted 176-223 guesses
- * in 10 steps and ran at 0.7x of no drafting (bench/results/drafting.md, 2026-12-06).
+ * about twice the predicted cost before it was known: on chat1, 2 runs in 11 drafted 176-223
+ * guesses in 10 steps and ran at 677-895 tok/s against 1074-1458 in the other nine
+ * (bench/results/drafting.md, 2026-12-06).
  * Extrapolated, the slope between t1 and t2 carries what the model does not know (the routing's
  * locality, the cache's hits, kernels whose cost per position differs from COMPUTE_PER_POS).
  * Scaling t2's whole time by the model would charge a loop's verify passes (the same experts
