@@ -74,32 +74,47 @@ static double pass_cost(const econ *e, int T)
 
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
 
+/* How acc_at judges a drafter's positions: as measured; optimistically past the first (a free
+ * drafter's); or at the upper end of what its few rulings allow, every position (an exploring ask). */
+enum { ACC_MEASURED, ACC_FREE, ACC_BOUND };
+/* A bound's width: ACC_BOUND_WIDTH / sqrt(rulings + 1), Hoeffding's at about 10% for so few
+ * rulings, counting at most EMA_SAMPLES of them (what an EMA of weight EMA is worth: it forgets
+ * the rest). The free drafter's optimism (0.25 at that scale) kept a drafter refused once in its
+ * first two offers (0.5 kept by the running mean) from looking worth an ask. */
+static const double ACC_BOUND_WIDTH = 0.8, EMA_SAMPLES = 7;
+
 /* The acceptance of guess j of drafter d's class c, given the guesses before it kept (b: guess
  * j - 1's, as this returned it). A position never ruled on is taken as a little less likely than
- * the one before it (as likely, for a free drafter). A free drafter's positions past the first are
- * judged optimistically (an upper bound that tightens as rulings come): trying its guesses costs
- * only a wider pass, and they are ruled on less often than the first, which every step's block
- * rules on, verified or not. Its first position is judged as measured: with the bonus, a class
- * kept twice (0.83) looked like 0.98, and a block of 31 was verified on it and refused at its
- * first guess. Without it there, chat from a store ran at 0.98-1.00x of no drafting against
- * 0.96-0.98x, code the same (bench/results/drafting.md, 2026-12-06). */
+ * the one before it (as likely, for a free drafter or a bound). A free drafter's positions past the
+ * first are judged optimistically (an upper bound that tightens as rulings come): trying its
+ * guesses costs only a wider pass, and they are ruled on less often than the first, which every
+ * step's block rules on, verified or not. Its first position is judged as measured: with the
+ * bonus, a class kept twice (0.83) looked like 0.98, and a block of 31 was verified on it and
+ * refused at its first guess. Without it there, chat from a store ran at 0.98-1.00x of no drafting
+ * against 0.96-0.98x, code the same (bench/results/drafting.md, 2026-12-06). */
 static double acc_at(const econ *e, int d, int c, int j, int opt, double b)
 {
     int n = e->ruled[d][c][j];
-    /* a free drafter's position never ruled on is judged as the one before it: a block's far
+    /* a position never ruled on, optimistically, is judged as the one before it: a block's far
      * positions are ruled on only once the text has come that far */
-    double a = n ? e->acc[d][c][j] : j ? b * (opt ? 1.0 : ACC_DECAY) : ACC_PRIOR;
-    b = opt && n && j ? a + ACC_OPTIMISM / sqrt(n + 1.0) : a;
-    return b < 1 ? b : 1;
+    double a = n ? e->acc[d][c][j] : j ? b * (opt != ACC_MEASURED ? 1.0 : ACC_DECAY) : ACC_PRIOR;
+    double seen = n < EMA_SAMPLES ? n : EMA_SAMPLES;
+    if (n && opt == ACC_BOUND)
+        a += ACC_BOUND_WIDTH / sqrt(seen + 1.0);
+    else if (n && j && opt == ACC_FREE)
+        a += ACC_OPTIMISM / sqrt(n + 1.0);
+    return a < 1 ? a : 1;
 }
 
-/* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c,
- * proposing costing `extra`: k guesses bring E(k) = 1 + sum_i prod_{j<=i} acc_at(j) tokens, summed
- * here as k grows */
-static int best_k(const econ *e, int d, int c, int kmax, double extra, double *rate)
+/* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c, judged
+ * as opt says (ACC_MEASURED: as a free drafter's are, ACC_FREE, when d is one), proposing costing
+ * `extra`: k guesses bring E(k) = 1 + sum_i prod_{j<=i} acc_at(j) tokens, summed here as k grows */
+static int best_k(const econ *e, int d, int c, int kmax, double extra, int opt, double *rate)
 {
-    int best = 0, opt = econ_is_free(e, d);
+    int best = 0;
     double E = 1, run = 1, b = ACC_PRIOR;
+    if (opt == ACC_MEASURED && econ_is_free(e, d))
+        opt = ACC_FREE;
     *rate = 1.0 / pass_cost(e, 1);
     for (int k = 1; k <= kmax; k++) {
         b = acc_at(e, d, c, k - 1, opt, b);
@@ -183,7 +198,7 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
     double rd[GEN_MAX_DRAFTERS];
     for (int d = 0; d < nd; d++) {
         int c = e->last_cls[d];
-        kd[d] = best_k(e, d, c, kmax, e->propose_s[d], &rd[d]);
+        kd[d] = best_k(e, d, c, kmax, e->propose_s[d], ACC_MEASURED, &rd[d]);
         free_pays |= econ_is_free(e, d) && e->ruled[d][c][0] >= ECON_WARMUP && kd[d] > 0;
     }
     for (int i = 0; i < nd && !free_pays; i++) { /* warm-up, in turn (a free drafter needs none) */
@@ -210,6 +225,32 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
              * they turn out to be, not by the last one's */
             *best_k_out = econ_is_free(e, d) ? kmax : ask_k(e, d, k, kmax);
         }
+    }
+    /* Nothing pays by its estimate: a drafter that might, by the bound of its few rulings, is
+     * asked, its guesses ruled on unverified, while such asks cost at most EXPLORE_SHARE of the
+     * request so far. An estimate learnt from a few refusals otherwise stood until the next probe,
+     * 32 plain steps on: on chat2 from a store DSpark, kept 0.9 of the time, left 15-23 of 128
+     * tokens to plain passes (bench/results/drafting.md, 2026-12-06). */
+    double bound = best;
+    int explore = -1, kx = 0;
+    for (int d = 0; d < nd && *best_d < 0; d++) {
+        double r;
+        int k;
+        if (econ_is_free(e, d) || e->asked[d] == 0 || !can_pay(e, d, kmax) ||
+            e->explore_s + e->propose_s[d] > EXPLORE_SHARE * e->spent_s)
+            continue;
+        k = best_k(e, d, e->last_cls[d], kmax, e->propose_s[d], ACC_BOUND, &r);
+        if (k > 0 && r > bound) {
+            bound = r;
+            explore = d;
+            kx = k;
+        }
+    }
+    if (explore >= 0) {
+        *best_d = explore;
+        *best_k_out = ask_k(e, explore, kx, kmax);
+        e->explore_s += e->propose_s[explore];
+        st->explore = 1;
     }
     if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */
         e->since_probe = 0;                                                /* of each drafter in turn */
@@ -262,6 +303,7 @@ double econ_first_ask_extra(const econ *e, int d, int n, int k)
 void econ_asked(econ *e, int d, double dt, double once, int m, int cls)
 {
     assert(d >= 0 && d < e->nd && m >= 0 && cls >= 0 && cls < DRAFT_CLASSES);
+    e->spent_s += dt;
     ema(&e->propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
     e->asked[d]++;
     e->guessed[d] += m > 0;
@@ -277,10 +319,12 @@ int econ_verify(econ *e, int d, int cls, int m, int plain, const econ_step *st)
      * ask; others need the pass (one guess tried) */
     if (st->warm || st->probe)
         return plain ? 0 : m;
+    if (st->explore) /* (its estimate did not pay) */
+        return plain ? 0 : 1;
     if (e->ruled[d][cls][0] < ECON_WARMUP)
         return plain ? 0 : 1;
     double r;
-    return best_k(e, d, cls, m, 0.0, &r);
+    return best_k(e, d, cls, m, 0.0, ACC_MEASURED, &r);
 }
 
 void econ_unverified(econ *e, int d, int cls, int64_t p0, const int32_t *g, int n, int nver, const econ_step *st)
@@ -308,8 +352,12 @@ void econ_passed(econ *e, int T, double took, double stalled)
 {
     assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
     ema(&e->pass_s[T], took);
-    if (T == 1 && took > 0)
-        e->io_frac = (1 - EMA) * e->io_frac + EMA * (stalled / took < 1 ? stalled / took : 1);
+    e->spent_s += took;
+    if (T == 1 && took > 0) { /* the first measurement as it is (ema's way): from 0, the first asks
+                               * waited four steps for io_frac to reach what one pass had shown */
+        double f = stalled / took < 1 ? stalled / took : 1;
+        e->io_frac = e->io_n++ ? (1 - EMA) * e->io_frac + EMA * f : f;
+    }
 }
 
 void econ_ruled(econ *e, int d, int cls, int j, int kept)

@@ -7,7 +7,8 @@
  *   econ_choose      the drafter (-1: none) and the k to ask it for;
  *   econ_asked       what the ask cost and returned (for every drafter asked in the step);
  *   econ_verify      how many of the m guesses the pass verifies: as far as their class pays, none
- *                    of plain guesses during a warm-up, a probe or a class's first rulings;
+ *                    of plain guesses during a warm-up, a probe, an exploring ask or a class's
+ *                    first rulings;
  *   econ_unverified  the plain guesses it did not verify, to be ruled on as their positions are
  *                    decided (each ruling what a verify would have given, for the cost of asking);
  *   econ_passed      the pass's measured time and the part of it spent stalled on reads;
@@ -45,6 +46,7 @@ typedef struct econ_shadow {
 typedef struct econ {
     double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
+    int io_n;                         /* one-position passes measured */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
     /* by drafter, class of its guesses (draft.h: cls) and block position j: */
     double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
@@ -60,12 +62,15 @@ typedef struct econ {
     int turn;             /* the next drafter to warm up */
     int probe_turn;       /* the next drafter to probe */
     int since_probe, probe_every;
+    double spent_s;   /* the request's passes and asks so far */
+    double explore_s; /* of which asks made to explore (econ_step.explore) */
 } econ;
 
 /* What a step decided beyond the drafter and k. */
 typedef struct econ_step {
     int probe; /* a probe of a drafter that does not pay */
     int warm;  /* the drafter's warm-up */
+    int explore; /* an ask of a drafter that does not pay by its estimate but might by its bound */
 } econ_step;
 
 /* top_k of n_experts routed per position; streaming: the experts come from a store (a pass's

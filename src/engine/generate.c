@@ -197,7 +197,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
                 m = ask(&ec, rq, st, d2, seq, n, k2, drafts + 1, &q, &cls, err);
                 if (m > 0) { /* its guesses, judged as its own step's would be */
                     d = d2;
-                    es.warm = es.probe = 0;
+                    es.warm = es.probe = es.explore = 0;
                     m = judge(&ec, d, cls, drafts + 1, m, q, n, &es);
                 }
             }

@@ -27,7 +27,8 @@
  * only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
  * decides their positions (what a verify would have ruled), so a class's first guesses, a model
  * drafter's warm-up (one guess a step, or a block drafter's whole block, for ECON_WARMUP steps
- * that had guesses, only in steps where no free drafter's guesses pay) and its probes (the same
+ * that had guesses, only in steps where no free drafter's guesses pay), its asks while it might pay
+ * by the bound of its few rulings (at most 2% of the request so far) and its probes (the same
  * every GEN_PROBE_EVERY steps when no drafter beats plain decode, twice as seldom after each
  * refused) cost asks, not verify passes. A drafter that could not pay even if every guess were
  * kept, or whose first asks would cost over 2% of the decode still wanted, is neither warmed up
