@@ -1019,7 +1019,10 @@ TEST(draft_dspark_matches_its_training_code)
 }
 
 /* Context rows made at once from a prefill's taps, or from taps that waited (passes of 1 and 7
- * positions, a verify pass kept in part, flushes of DS_TAP_CHUNK) give the same block, bit for bit. */
+ * positions, a verify pass kept in part, a wait longer than the drafter holds: its context set at 64
+ * positions, flushed DS_TAP_CHUNK at a time, and a prefill past it made at once) give the same
+ * block, bit for bit. Until the drafter is asked its taps only wait: what its ask would spend making
+ * them is its catch-up (cost's once), and nothing once asked. */
 TEST(draft_dspark_lazy_context_same_bits)
 {
     errbuf err;
@@ -1028,17 +1031,21 @@ TEST(draft_dspark_lazy_context_same_bits)
     engine *e = default_engine(2, NULL, 0, &err);
     CHECKF(e, "%s", err.msg);
     const json_t *ids = json_object_get(json_array_get(json_object_get(ref, "prompts"), 0), "ids");
-    int n = (int)json_array_size(ids), V = engine_hparams(e)->vocab, chunks[3] = {0, 1, 7};
+    int n = (int)json_array_size(ids), V = engine_hparams(e)->vocab;
+    enum { CASES = 5 };
+    const int chunks[CASES] = {0, 1, 7, 1, 0}, holds[CASES] = {0, 0, 0, 64, 64}; /* 0: n */
     CHECK(n > 70 && n <= 512);
     int32_t seq[512], out[16];
     for (int i = 0; i < n; i++)
         seq[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
-    float *lg[3] = {malloc(sizeof(float) * 16 * (size_t)V), malloc(sizeof(float) * 16 * (size_t)V),
-                    malloc(sizeof(float) * 16 * (size_t)V)};
-    int K[3];
-    for (int c = 0; c < 3 && !test_failed(); c++) {
+    float *lg[CASES];
+    int K[CASES];
+    for (int c = 0; c < CASES; c++)
+        lg[c] = malloc(sizeof(float) * 16 * (size_t)V);
+    for (int c = 0; c < CASES && !test_failed(); c++) {
         drafter *d;
-        CHECKF(draft_dspark_new(&(draft_ctx){.target = e, .context = n}, "models/default-dspark", &d, &err) == 0,
+        int ctx = holds[c] ? holds[c] : n;
+        CHECKF(draft_dspark_new(&(draft_ctx){.target = e, .context = ctx}, "models/default-dspark", &d, &err) == 0,
                "%s", err.msg);
         session *s = tu_session(e, n, chunks[c] ? chunks[c] : n, &err);
         CHECKF(s && session_set_tap_sink(s, d->taps, d->n_taps, d->on_taps, d, &err) == 0, "%s", err.msg);
@@ -1048,15 +1055,20 @@ TEST(draft_dspark_lazy_context_same_bits)
             CHECKF(session_run(s, &ps, &err) == 0 && session_commit(s, 3, &err) == 0, "%s", err.msg);
         }
         CHECKF(session_sync(s, seq, n - 1, &err) == 0, "%s", err.msg);
+        double once, after;
+        d->cost(d, n, 7, &once);
         K[c] = draft_dspark_logits(d, seq, n, lg[c], out, &err);
         CHECKF(K[c] > 0, "%s", err.msg);
+        d->cost(d, n, 7, &after);
+        CHECKF(after == 0 && (holds[c] || once > 0), "catch-up %g before the ask, %g after", once, after);
         session_free(s);
         d->free(d);
     }
-    for (int c = 1; c < 3 && !test_failed(); c++)
+    for (int c = 1; c < CASES && !test_failed(); c++)
         CHECKF(K[c] == K[0] && memcmp(lg[c], lg[0], sizeof(float) * (size_t)K[0] * V) == 0,
-               "the block after passes of %d differs from the one after a prefill", chunks[c]);
-    for (int c = 0; c < 3; c++)
+               "the block after passes of %d (drafter holding %d) differs from the one after a prefill",
+               chunks[c] ? chunks[c] : n, holds[c] ? holds[c] : n);
+    for (int c = 0; c < CASES; c++)
         free(lg[c]);
     engine_free(e);
     json_decref(ref);

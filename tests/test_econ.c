@@ -346,3 +346,34 @@ TEST(econ_probes_of_a_drafter_never_right_back_off)
     }
     CHECKF(asks >= 3 && asks <= 8 && verified == 0, "asked on %d of 600 steps, verified on %d", asks, verified);
 }
+
+static double catch_up_cost(drafter *d, int n, int k, double *once)
+{
+    (void)d, (void)n, (void)k;
+    *once = 3; /* plain passes of catching up: what its ask would spend on what it has not seen */
+    return 0.5;
+}
+
+/* What an ask spends catching up with the tokens a drafter has not seen is set apart from what its
+ * asks cost (econ_asked subtracts it) only after a gap: a drafter asked a step ago catches up with
+ * that step's tokens on every ask, which is part of what each costs. */
+TEST(econ_catch_up_is_set_apart_after_a_gap_only)
+{
+    drafter md = {.name = "model", .propose = silent_propose, .cost = catch_up_cost};
+    drafter *use[1] = {&md};
+    econ e;
+    econ_init(&e, use, 1, 8, 64, 1);
+    econ_passed(&e, 1, 0.010, 0.0085);
+    int d, k;
+    econ_step es;
+    econ_choose(&e, 7, 150, 100, &d, &k, &es);
+    double first = econ_ask_extra(&e, 0, 150, 7);
+    econ_asked(&e, 0, 0.006, first, 7, 0);
+    econ_choose(&e, 7, 151, 99, &d, &k, &es);
+    double next = econ_ask_extra(&e, 0, 151, 7);
+    econ_choose(&e, 7, 152, 98, &d, &k, &es);
+    econ_choose(&e, 7, 153, 97, &d, &k, &es);
+    double gap = econ_ask_extra(&e, 0, 153, 7);
+    CHECKF(first > 0 && next == 0 && gap > 0, "catch-up %g at the first ask, %g a step on, %g after a gap", first,
+           next, gap);
+}

@@ -48,8 +48,8 @@ struct drafter {
      * measured one, in plain target passes of one position: the return value for k guesses once
      * the drafter has caught up with the sequence, *once the extra cost of catching up with the
      * n - (what it has seen) tokens it has not (a model drafter's first ask prefills the whole
-     * prompt in its own model). A model drafter estimates it from its active weights against the
-     * target's (engine_active_bytes). */
+     * prompt in its own model; DSpark makes the context rows of the taps waiting). A model drafter
+     * estimates it from its active weights against the target's (engine_active_bytes). */
     double (*cost)(drafter *d, int n, int k, double *once);
     /* Set by propose: the class of its guesses (0 .. DRAFT_CLASSES-1), where the drafter knows
      * some guesses are likelier than others (the n-gram one: by the length of its match). The

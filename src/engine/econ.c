@@ -44,7 +44,7 @@ static double shape(const econ *e, int T)
  * so no block over 1 guess was ever tried again and a loop was verified one guess a step
  * (bench/results/drafting.md, 2026-12-06). A size judged too cheap costs one pass, which is then
  * measured. */
-static double pass_cost(const econ *e, int T)
+static double cost_judged(const econ *e, int T)
 {
     assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
     if (e->pass_s[T] > 0)
@@ -70,6 +70,20 @@ static double pass_cost(const econ *e, int T)
     double slope = (e->pass_s[t2] - e->pass_s[t1]) / (shape(e, t2) - shape(e, t1));
     double by_slope = e->pass_s[t2] + (slope > 0 ? slope : 0) * (shape(e, T) - shape(e, t2));
     return by_slope < by_model ? by_slope : by_model;
+}
+
+/* the judged costs change only with a measurement: a step reads them from the table (judging them
+ * in each of its 31 x drafters lookups took 0.7% of a decode from RAM) */
+static void costs_update(econ *e)
+{
+    for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++)
+        e->cost[T] = cost_judged(e, T);
+}
+
+static double pass_cost(const econ *e, int T)
+{
+    assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
+    return e->cost[T];
 }
 
 int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[d] < FREE_SHARE * pass_cost(e, 1); }
@@ -185,6 +199,8 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
 {
     const int nd = e->nd;
     *st = (econ_step){0};
+    e->step++;
+    e->explore_d = -1;
     e->n_seq = n_seq;
     e->remaining = remaining;
     *best_d = -1;
@@ -246,10 +262,10 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
             kx = k;
         }
     }
+    e->explore_d = explore;
     if (explore >= 0) {
         *best_d = explore;
         *best_k_out = ask_k(e, explore, kx, kmax);
-        e->explore_s += e->propose_s[explore];
         st->explore = 1;
     }
     if (*best_d < 0 && nd > 0 && ++e->since_probe >= e->probe_every) { /* keep acceptance measured, */
@@ -288,14 +304,18 @@ void econ_init(econ *e, drafter *const *dr, int nd, int top_k, int n_experts, in
             for (int j = 0; j < GEN_MAX_DRAFT; j++)
                 e->acc[d][c][j] = ACC_PRIOR;
     e->probe_every = GEN_PROBE_EVERY;
+    e->explore_d = -1;
+    costs_update(e);
 }
 
-double econ_first_ask_extra(const econ *e, int d, int n, int k)
+double econ_ask_extra(const econ *e, int d, int n, int k)
 {
     assert(d >= 0 && d < e->nd);
     drafter *dr = e->dr[d];
     double once = 0;
-    if (e->asked[d] == 0 && dr->cost)
+    if (e->asked[d] > 0 && e->asked_at[d] >= e->step - 1)
+        return 0; /* asked a step ago: catching up with one step is part of what each ask costs */
+    if (dr->cost)
         dr->cost(dr, n, k, &once);
     return once * pass_cost(e, 1) * (1 - e->io_frac);
 }
@@ -304,6 +324,9 @@ void econ_asked(econ *e, int d, double dt, double once, int m, int cls)
 {
     assert(d >= 0 && d < e->nd && m >= 0 && cls >= 0 && cls < DRAFT_CLASSES);
     e->spent_s += dt;
+    if (d == e->explore_d)
+        e->explore_s += dt;
+    e->asked_at[d] = e->step;
     ema(&e->propose_s[d], dt - once > 0.25 * dt ? dt - once : 0.25 * dt);
     e->asked[d]++;
     e->guessed[d] += m > 0;
@@ -358,6 +381,7 @@ void econ_passed(econ *e, int T, double took, double stalled)
         double f = stalled / took < 1 ? stalled / took : 1;
         e->io_frac = e->io_n++ ? (1 - EMA) * e->io_frac + EMA * f : f;
     }
+    costs_update(e);
 }
 
 void econ_ruled(econ *e, int d, int cls, int j, int kept)

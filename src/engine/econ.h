@@ -45,6 +45,7 @@ typedef struct econ_shadow {
 
 typedef struct econ {
     double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
+    double cost[GEN_MAX_DRAFT + 2];   /* a pass's judged seconds by T (econ.c: cost_judged) */
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
     int io_n;                         /* one-position passes measured */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
@@ -64,6 +65,9 @@ typedef struct econ {
     int since_probe, probe_every;
     double spent_s;   /* the request's passes and asks so far */
     double explore_s; /* of which asks made to explore (econ_step.explore) */
+    int explore_d;    /* the drafter this step asks to explore, or -1 */
+    int step;         /* steps chosen */
+    int asked_at[GEN_MAX_DRAFTERS]; /* the step of each drafter's latest ask */
 } econ;
 
 /* What a step decided beyond the drafter and k. */
@@ -79,8 +83,11 @@ void econ_init(econ *e, drafter *const *dr, int nd, int top_k, int n_experts, in
 /* this step's drafter (-1: none) and k, for a sequence of n_seq tokens with `remaining` wanted */
 void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *d, int *k, econ_step *st);
 int econ_is_free(const econ *e, int d);
-/* the seconds of a first ask's catch-up, by the drafter's estimate (0 after its first ask) */
-double econ_first_ask_extra(const econ *e, int d, int n, int k);
+/* the seconds an ask now spends catching up with what the drafter has not seen, by the drafter's
+ * estimate (a model drafter's first ask prefills the prompt, an ask after a gap the tokens decided
+ * since; DSpark makes its waiting context rows); 0 when it was asked a step ago, whose catch-up is
+ * part of what every ask costs */
+double econ_ask_extra(const econ *e, int d, int n, int k);
 /* drafter d's ask took dt seconds (once of them its catch-up) and returned m guesses of class cls */
 void econ_asked(econ *e, int d, double dt, double once, int m, int cls);
 /* how many of drafter d's m guesses of class cls the pass verifies (0: a plain pass); plain: they

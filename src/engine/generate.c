@@ -16,7 +16,7 @@ static int ask(econ *e, const gen_req *rq, gen_stats *st, int d, const int32_t *
                const float **q, int *cls, errbuf *err)
 {
     drafter *dr = rq->drafters[d];
-    double once = econ_first_ask_extra(e, d, n, k); /* a first ask's catch-up is not what later asks cost */
+    double once = econ_ask_extra(e, d, n, k); /* catching up is not what a step's ask costs */
     double tp = timer_now();
     dr->cls = 0;
     *q = NULL;

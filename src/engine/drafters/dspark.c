@@ -18,11 +18,14 @@
  * drafter has one) is never read.
  * Context rows are indexed by position, so a verify pass kept in part needs nothing undone: the
  * rows past the kept positions are written again when the target next computes them.
- * Rows are made lazily: the taps of small passes (decode and verify) wait in `pend` until the
- * drafter is asked for a block or DS_TAP_CHUNK of them are waiting, then become rows in one batch
- * (the kernels give the same bits whatever the batch). A drafter the economics has set aside thus
- * costs a decode step a copy of its taps, not a context step.
- * Invariant: rows hold positions 0 .. have-1, pend positions have .. have+npend-1.
+ * Rows are made lazily: the taps of every pass, a prompt's too, wait in `pend` until the drafter
+ * is asked for a block or pend is full (DS_PEND_BYTES, at least DS_TAP_CHUNK positions), then
+ * become rows DS_TAP_CHUNK at a time (the kernels give the same bits whatever the batch). A
+ * drafter the economics has set aside thus costs a pass a copy of its taps, not a context step
+ * (made at every pass, the bundled model's rows were 0.7% of a decode's instructions from RAM,
+ * where DSpark is never asked: docs/drafting.md). What an ask will spend making the waiting rows
+ * is its catch-up (ds_cost's once).
+ * Invariant: rows hold positions 0 .. have-1, pend positions have .. have+npend-1, npend <= pend_cap.
  */
 #include <assert.h>
 #include <math.h>
@@ -37,6 +40,9 @@
 
 enum { DS_MAX_LAYERS = 16, DS_MAX_BLOCK = 16, DS_MAX_TAPS = 16, DS_TAP_CHUNK = 64 /* positions per context step */,
        DS_RESERVE = 1 << 16 };
+/* taps that may wait (the bundled model's: 4369 positions; K3's, 5 taps of 7168: 117, whose rows
+ * cost next to nothing against its passes) */
+#define DS_PEND_BYTES ((size_t)16 << 20)
 
 typedef struct ds_layer {
     float *in_norm, *post_norm;  /* [H] */
@@ -65,11 +71,12 @@ typedef struct dspark {
     int cap;                     /* context rows allocated */
     float *sc;                   /* [2 kv_lora + cap + K] attention scratch (blk_mla_query) */
     int have;                    /* positions 0..have-1 hold rows */
-    float *pend;                 /* [DS_TAP_CHUNK][ntaps * Ht] taps of positions have.. waiting */
-    int npend;
+    float *pend;                 /* [pend_cap][ntaps * Ht] taps of positions have.. waiting */
+    int npend, pend_cap;
     arena ar;                    /* scratch of one step */
     float *U;                    /* [K][V] */
     double cost_ask;             /* an ask's estimated cost in plain target passes (draft.h: cost) */
+    double cost_row;             /* making one context row, the same */
 } dspark;
 
 static int cfg_int_of(const json_t *c, const char *key, int *out, const char *where, errbuf *err)
@@ -168,7 +175,7 @@ static void flush(dspark *x)
 }
 
 /* the target's taps of positions pos0 .. pos0+T-1 [T][ntaps][Ht] (the concatenation, in
- * target_layer_ids order): a prefill's become rows now, a small pass's wait in pend */
+ * target_layer_ids order) wait in pend; a pass with more than pend holds makes its rows now */
 static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
 {
     dspark *x = ud;
@@ -185,20 +192,17 @@ static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
         x->npend = 0;
         return;
     }
-    size_t in = (size_t)x->ntaps * x->Ht;
-    if (T >= DS_TAP_CHUNK) {
+    if (x->npend + T > x->pend_cap)
         flush(x);
-        if (x->have == pos0)
-            project(x, taps, pos0, T);
+    if (x->have + x->npend != pos0)
+        return; /* a flush failed: no context past it */
+    if (T > x->pend_cap) {
+        project(x, taps, pos0, T);
         return;
     }
-    for (int t = 0; t < T; t++) {
-        if (x->npend == DS_TAP_CHUNK)
-            flush(x);
-        if (x->have + x->npend != pos0 + t)
-            return; /* a flush failed: no context past it */
-        memcpy(x->pend + (size_t)x->npend++ * in, taps + (size_t)t * in, sizeof(float) * in);
-    }
+    size_t in = (size_t)x->ntaps * x->Ht;
+    memcpy(x->pend + (size_t)x->npend * in, taps, sizeof(float) * in * (size_t)T);
+    x->npend += T;
 }
 
 /* the rows a block attends to: the context rows t < p, then the block's own */
@@ -314,10 +318,11 @@ out:
 /* whatever k, a block; its context rows are made from taps the target's passes hand over */
 static double ds_cost(drafter *d, int n, int k, double *once)
 {
+    const dspark *x = (const dspark *)d;
     (void)n;
     (void)k;
-    *once = 0;
-    return ((const dspark *)d)->cost_ask;
+    *once = x->npend * x->cost_row; /* the waiting rows */
+    return x->cost_ask;
 }
 
 static int ds_propose(drafter *d, const int32_t *seq, int n, int k, int32_t *out, const float **q, errbuf *err)
@@ -498,7 +503,11 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
                   (size_t)x->vocab + (size_t)x->R + (size_t)x->hp.rope_dim;
     size_t taps = DS_TAP_CHUNK * ((size_t)x->hp.hidden + (size_t)x->hp.rope_dim); /* context rows of a chunk */
     x->U = malloc(sizeof(float) * K * (size_t)x->vocab);
-    x->pend = malloc(sizeof(float) * DS_TAP_CHUNK * (size_t)x->ntaps * (size_t)x->Ht);
+    size_t in = (size_t)x->ntaps * x->Ht, cap = DS_PEND_BYTES / (sizeof(float) * in);
+    if (c->context > 0 && cap > (size_t)c->context)
+        cap = (size_t)c->context;
+    x->pend_cap = cap > DS_TAP_CHUNK ? (int)cap : DS_TAP_CHUNK;
+    x->pend = malloc(sizeof(float) * (size_t)x->pend_cap * in);
     if (!x->U || !x->pend || arena_init(&x->ar, (step + taps + 64 * 32) * sizeof(float) + (1u << 20)) != 0) {
         errbuf_set(err, "DSpark: out of memory");
         goto out;
@@ -517,6 +526,10 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
         own += (double)x->m.bind[i].len;
     const hparams *th = engine_hparams(c->target);
     x->cost_ask = (double)K * (own + 2.0 * th->vocab * th->hidden) / (double)(engine_active_bytes(c->target) + 1);
+    double row = (double)x->ctx_proj.rows * x->ctx_proj.cols * 2.0; /* (BF16 taken) */
+    for (int l = 0; l < x->L; l++)
+        row += (double)x->lay[l].kv_a.rows * x->lay[l].kv_a.cols * 2.0;
+    x->cost_row = row / (double)(engine_active_bytes(c->target) + 1);
     x->d = (drafter){.name = "dspark",
                      .cost = ds_cost,
                      .propose = ds_propose,
