@@ -91,10 +91,13 @@ int econ_is_free(const econ *e, int d) { return e->asked[d] > 0 && e->propose_s[
 /* How acc_at judges a drafter's positions: as measured; optimistically past the first (a free
  * drafter's); or at the upper end of what its few rulings allow, every position (an exploring ask). */
 enum { ACC_MEASURED, ACC_FREE, ACC_BOUND };
-/* A bound's width: ACC_BOUND_WIDTH / sqrt(rulings + 1), Hoeffding's at about 10% for so few
- * rulings, counting at most EMA_SAMPLES of them (what an EMA of weight EMA is worth: it forgets
- * the rest). The free drafter's optimism (0.25 at that scale) kept a drafter refused once in its
- * first two offers (0.5 kept by the running mean) from looking worth an ask. */
+/* A bound's width: ACC_BOUND_WIDTH / sqrt(rulings + 1), counting at most EMA_SAMPLES rulings (what
+ * an EMA of weight EMA is worth: it forgets the rest). Hoeffding's one-sided bound holds with 70%
+ * at 0.78 / sqrt(n), with 90% at 1.07 / sqrt(n): this is a likely bound, not a safe one, because
+ * an ask it wrongly allows costs a tenth of a pass, within EXPLORE_SHARE. The free drafter's
+ * optimism (0.25 at that scale) kept a drafter refused once in its first two offers (0.5 kept by
+ * the running mean) from looking worth an ask where a 2-position pass costs 1.77 plain ones (it
+ * needs about 0.87). */
 static const double ACC_BOUND_WIDTH = 0.8, EMA_SAMPLES = 7;
 
 /* The acceptance of guess j of drafter d's class c, given the guesses before it kept (b: guess
