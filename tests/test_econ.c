@@ -27,6 +27,13 @@ static double loop_seconds(int T)
     return 0.010 * (1 + 3.2 * (1 - x));
 }
 
+/* an economics from a store with one pass measured, 87% of it stalled on reads */
+static void from_store(econ *e, drafter *const *use)
+{
+    econ_init(e, use, 1, 8, 64, 1);
+    econ_passed(e, 1, 0.010, 0.0087);
+}
+
 static double block_cost(drafter *d, int n, int k, double *once)
 {
     (void)d, (void)n, (void)k;
@@ -274,8 +281,7 @@ TEST(econ_a_block_drafter_is_warmed_up_on_its_whole_block_from_a_store)
     drafter md = {.name = "block", .propose = silent_propose, .cost = block_cost};
     drafter *use[1] = {&md};
     econ e;
-    econ_init(&e, use, 1, 8, 64, 1);
-    econ_passed(&e, 1, 0.010, 0.0087);
+    from_store(&e, use);
     int d, k;
     econ_step es;
     econ_choose(&e, 6, 150, 127, &d, &k, &es);
@@ -354,6 +360,14 @@ static double catch_up_cost(drafter *d, int n, int k, double *once)
     return 0.5;
 }
 
+/* a step of 7 guesses at most chosen at sequence length n, its choice not looked at */
+static void next_step(econ *e, int n)
+{
+    int d, k;
+    econ_step es;
+    econ_choose(e, 7, n, 100, &d, &k, &es);
+}
+
 /* What an ask spends catching up with the tokens a drafter has not seen is set apart from what its
  * asks cost (econ_asked subtracts it) only after a gap: a drafter asked a step ago catches up with
  * that step's tokens on every ask, which is part of what each costs. */
@@ -362,17 +376,14 @@ TEST(econ_catch_up_is_set_apart_after_a_gap_only)
     drafter md = {.name = "model", .propose = silent_propose, .cost = catch_up_cost};
     drafter *use[1] = {&md};
     econ e;
-    econ_init(&e, use, 1, 8, 64, 1);
-    econ_passed(&e, 1, 0.010, 0.0085);
-    int d, k;
-    econ_step es;
-    econ_choose(&e, 7, 150, 100, &d, &k, &es);
+    from_store(&e, use);
+    next_step(&e, 150);
     double first = econ_ask_extra(&e, 0, 150, 7);
     econ_asked(&e, 0, 0.006, first, 7, 0);
-    econ_choose(&e, 7, 151, 99, &d, &k, &es);
+    next_step(&e, 151);
     double next = econ_ask_extra(&e, 0, 151, 7);
-    econ_choose(&e, 7, 152, 98, &d, &k, &es);
-    econ_choose(&e, 7, 153, 97, &d, &k, &es);
+    next_step(&e, 152);
+    next_step(&e, 153);
     double gap = econ_ask_extra(&e, 0, 153, 7);
     CHECKF(first > 0 && next == 0 && gap > 0, "catch-up %g at the first ask, %g a step on, %g after a gap", first,
            next, gap);
