@@ -73,7 +73,8 @@ static double cost_judged(const econ *e, int T)
 }
 
 /* the judged costs change only with a measurement: a step reads them from the table (judging them
- * in each of its 31 x drafters lookups took 0.7% of a decode from RAM) */
+ * in each of its 31 x drafters lookups took 0.7% of a decode from RAM: bench/results/drafting.md,
+ * 2026-12-06, later) */
 static void costs_update(econ *e)
 {
     for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++)
@@ -252,7 +253,7 @@ void econ_choose(econ *e, int kmax, int n_seq, int remaining, int *best_d, int *
      * tokens to plain passes (bench/results/drafting.md, 2026-12-06). */
     double bound = best;
     int explore = -1, kx = 0;
-    for (int d = 0; d < nd && *best_d < 0; d++) {
+    for (int d = 0; d < nd && *best_d < 0; d++) { /* (only when nothing pays) */
         double r;
         int k;
         if (econ_is_free(e, d) || e->asked[d] == 0 || !can_pay(e, d, kmax) ||
@@ -379,11 +380,9 @@ void econ_passed(econ *e, int T, double took, double stalled)
     assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
     ema(&e->pass_s[T], took);
     e->spent_s += took;
-    if (T == 1 && took > 0) { /* the first measurement as it is (ema's way): from 0, the first asks
-                               * waited four steps for io_frac to reach what one pass had shown */
-        double f = stalled / took < 1 ? stalled / took : 1;
-        e->io_frac = e->io_n++ ? (1 - EMA) * e->io_frac + EMA * f : f;
-    }
+    if (T == 1 && took > 0) /* ema's first measurement is taken as it is: averaged from 0, the first
+                             * asks waited four steps for io_frac to reach what one pass had shown */
+        ema(&e->io_frac, stalled / took < 1 ? stalled / took : 1);
     costs_update(e);
 }
 

@@ -47,7 +47,6 @@ typedef struct econ {
     double pass_s[GEN_MAX_DRAFT + 2]; /* EMA of a pass's seconds by its size T, 0: not measured */
     double cost[GEN_MAX_DRAFT + 2];   /* a pass's judged seconds by T (econ.c: cost_judged) */
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
-    int io_n;                         /* one-position passes measured */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
     /* by drafter, class of its guesses (draft.h: cls) and block position j: */
     double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
