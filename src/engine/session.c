@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/mem.h"
 #include "engine/engine_int.h"
 
 void session_opts_default(session_opts *o)
@@ -32,10 +33,15 @@ static size_t kda_floats(const hparams *hp)
     return (size_t)hp->kda_heads * hp->kda_dim * hp->kda_dim + 3 * (size_t)(hp->conv_k - 1) * P;
 }
 
+/* Host memory, faulted in now: the decode writes it row by row, or first at a verify pass, and a
+ * page first written there costs that step a fault (base/mem.h). */
 static float *alloc_floats(size_t n)
 {
     void *p = NULL;
-    return posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)) == 0 ? p : NULL;
+    if (posix_memalign(&p, 64, (n ? n : 1) * sizeof(float)) != 0)
+        return NULL;
+    mem_populate(p, (n ? n : 1) * sizeof(float));
+    return p;
 }
 
 /* Memory the passes read and write: the backend's (a device's), or the host's. */

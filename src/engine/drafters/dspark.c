@@ -34,12 +34,13 @@
 
 #include "base/file.h"
 #include "base/jsonr.h"
+#include "base/mem.h"
 #include "engine/draft.h"
 #include "engine/engine_int.h"
 #include "engine/sampler.h"
 
 enum { DS_MAX_LAYERS = 16, DS_MAX_BLOCK = 16, DS_MAX_TAPS = 16, DS_TAP_CHUNK = 64 /* positions per context step */,
-       DS_RESERVE = 1 << 16 };
+       DS_RESERVE = 1 << 16, DS_READY_AHEAD = 256 /* positions of rows or taps faulted in at once */ };
 /* taps that may wait (the bundled model's: 4369 positions; K3's, 5 taps of 7168: 117, whose rows
  * cost next to nothing against its passes) */
 #define DS_PEND_BYTES ((size_t)16 << 20)
@@ -69,6 +70,7 @@ typedef struct dspark {
     kmat mw1, mw2;               /* [V, R], [V, R] */
     ds_layer lay[DS_MAX_LAYERS];
     int cap;                     /* context rows allocated */
+    int rows_ready, pend_ready;  /* positions of rows, of pend, faulted in (ready) */
     float *sc;                   /* [2 kv_lora + cap + K] attention scratch (blk_mla_query) */
     int have;                    /* positions 0..have-1 hold rows */
     float *pend;                 /* [pend_cap][ntaps * Ht] taps of positions have.. waiting */
@@ -121,7 +123,34 @@ static int grow(dspark *x, int need, errbuf *err)
         return errbuf_set(err, "DSpark: out of memory for %d context positions", cap);
     x->sc = sc;
     x->cap = cap;
+    mem_populate(x->sc, sizeof(float) * (2 * (size_t)x->hp.kv_lora_rank + (size_t)cap + (size_t)x->K));
     return 0;
+}
+
+/* Rows (every layer's) below position `upto` (<= cap) faulted in before they are written,
+ * DS_READY_AHEAD positions at a time: rows are made a few per step, and a page first written
+ * inside a step costs it a fault (base/mem.h). Rows a realloc moved were written by its copy. */
+static void ready_rows(dspark *x, int upto)
+{
+    if (upto <= x->rows_ready)
+        return;
+    int to = upto + DS_READY_AHEAD < x->cap ? upto + DS_READY_AHEAD : x->cap;
+    size_t W = (size_t)x->hp.kv_lora_rank + x->hp.qk_rope;
+    for (int l = 0; l < x->L; l++)
+        mem_populate(x->lay[l].cache + (size_t)x->rows_ready * W, sizeof(float) * W * (size_t)(to - x->rows_ready));
+    x->rows_ready = to;
+}
+
+/* the same for pend's first `upto` (<= pend_cap) positions: an idle drafter's taps fill a page
+ * every pass or so there */
+static void ready_pend(dspark *x, int upto)
+{
+    if (upto <= x->pend_ready)
+        return;
+    int to = upto + DS_READY_AHEAD < x->pend_cap ? upto + DS_READY_AHEAD : x->pend_cap;
+    size_t in = (size_t)x->ntaps * x->Ht;
+    mem_populate(x->pend + (size_t)x->pend_ready * in, sizeof(float) * in * (size_t)(to - x->pend_ready));
+    x->pend_ready = to;
 }
 
 /* [c ; k_pe] of rows xs [n][H] at positions pos0.. into out [n][kv_lora + rope]: kv_a, the norm of
@@ -158,6 +187,7 @@ static void project(dspark *x, const float *taps, int pos0, int n_all)
         }
         blk_matmul(&b, &x->ctx_proj, taps + (size_t)t0 * in, n, ctx);
         blk_rmsnorm(&b, ctx, x->ctx_norm, n, H, x->hp.rms_eps, ctx);
+        ready_rows(x, pos0 + t0 + n);
         for (int l = 0; l < x->L; l++)
             kv_rows(x, &b, &x->lay[l], ctx, n, pos0 + t0, x->lay[l].cache + (size_t)(pos0 + t0) * W, cs);
         arena_rewind(&x->ar, mark);
@@ -201,6 +231,7 @@ static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
         return;
     }
     size_t in = (size_t)x->ntaps * x->Ht;
+    ready_pend(x, x->npend + T);
     memcpy(x->pend + (size_t)x->npend * in, taps, sizeof(float) * in * (size_t)T);
     x->npend += T;
 }
@@ -512,6 +543,8 @@ int draft_dspark_new(const draft_ctx *c, const char *dir, drafter **out, errbuf 
         errbuf_set(err, "DSpark: out of memory");
         goto out;
     }
+    mem_populate(x->U, sizeof(float) * K * (size_t)x->vocab); /* an ask's first write is not its cost */
+    mem_populate(x->ar.base, x->ar.cap);
     /* rows for the session's context up front (a decode step then allocates nothing), up to
      * DS_RESERVE positions; a longer context grows its rows as the attention caches do */
     if (c->context > 0 && grow(x, c->context < DS_RESERVE ? c->context : DS_RESERVE, err) != 0)
