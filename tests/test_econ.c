@@ -388,3 +388,33 @@ TEST(econ_catch_up_is_set_apart_after_a_gap_only)
     CHECKF(first > 0 && next == 0 && gap > 0, "catch-up %g at the first ask, %g a step on, %g after a gap", first,
            next, gap);
 }
+
+/* From RAM on the bundled model a pass of 3 positions cost 2.7-3.1 plain ones where the fixed
+ * per-position term judged it 1.3, so each chat reply's first n-gram verify was tried at that price
+ * and refused. The prompt's compute per position (149 positions in 55 ms, against a plain pass of
+ * 0.6 ms: 0.62 of one) now judges a size not yet run, and a class kept once in its first two
+ * rulings is not verified; judged without it, 2 of its guesses were. */
+TEST(econ_a_size_not_yet_run_is_judged_by_the_prompts_compute)
+{
+    drafter dr = {.name = "free", .propose = silent_propose};
+    drafter *use[1] = {&dr};
+    int verified[2];
+    for (int prompt = 0; prompt < 2; prompt++) {
+        econ e;
+        econ_init(&e, use, 1, 8, 64, 0);
+        if (prompt)
+            econ_prefilled(&e, 149, 0.055, 0);
+        econ_passed(&e, 1, 0.6e-3, 0);
+        econ_ruled(&e, 0, 0, 0, 1);
+        econ_ruled(&e, 0, 0, 0, 0);
+        econ_asked(&e, 0, 1e-7, 0, 7, 0);
+        econ_step es = {0};
+        verified[prompt] = econ_verify(&e, 0, 0, 7, 1, &es);
+        if (prompt) {
+            double c3 = econ_pass_cost(&e, 3) / 0.6e-3;
+            CHECKF(c3 > 2.0 && c3 < 2.5, "a pass of 3 judged %.2f plain ones", c3);
+        }
+    }
+    CHECKF(verified[0] == 2 && verified[1] == 0, "%d guesses verified without the prompt's measure, %d with it",
+           verified[0], verified[1]);
+}

@@ -7,6 +7,8 @@
 
 static const double EMA = 0.25;    /* weight of a new measurement */
 static const double ACC_PRIOR = 0.5, ACC_DECAY = 0.9, COMPUTE_PER_POS = 0.15;
+/* the fewest prompt positions whose compute says what a position adds to a pass (econ_prefilled) */
+static const int PREFILL_MIN = 16;
 /* a drafter whose proposing costs less than this share of a plain pass is free: it is asked every
  * step, and its guesses are verified when their class pays (a plain pass when none come). Its
  * optimism: 0.5 kept verifying n-gram guesses on chat from RAM that cost more than they saved
@@ -18,11 +20,19 @@ static const double EXPLORE_SHARE = 0.02;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
-/* a pass of T positions relative to one, by the model of generate.h: compute grows slowly with T,
- * reads with the union of the experts the positions route to */
+/* what each position adds to a pass's compute, relative to a one-position pass's compute: as the
+ * prompt's passes measured it, at least COMPUTE_PER_POS and at most a whole pass */
+static double compute_per_pos(const econ *e)
+{
+    double c1 = e->pass_s[1] * (1 - e->io_frac), c = c1 > 0 ? e->prefill_pos_s / c1 : 0;
+    return c < COMPUTE_PER_POS ? COMPUTE_PER_POS : c > 1 ? 1 : c;
+}
+
+/* a pass of T positions relative to one, by the model of generate.h: compute grows with T by what
+ * the prompt showed a position costs, reads with the union of the experts the positions route to */
 static double shape(const econ *e, int T)
 {
-    return (1 - e->io_frac) * (1 + COMPUTE_PER_POS * (T - 1)) + e->io_frac * e->union_ratio[T];
+    return (1 - e->io_frac) * (1 + compute_per_pos(e) * (T - 1)) + e->io_frac * e->union_ratio[T];
 }
 
 /* the time of a pass of T positions: measured; or, between two measured sizes t2 < T < t3,
@@ -33,7 +43,8 @@ static double shape(const econ *e, int T)
  * guesses in 10 steps and ran at 677-895 tok/s against 1074-1458 in the other nine
  * (bench/results/drafting.md, 2026-12-06).
  * Extrapolated, the slope between t1 and t2 carries what the model does not know (the routing's
- * locality, the cache's hits, kernels whose cost per position differs from COMPUTE_PER_POS).
+ * locality, the cache's hits, kernels whose cost per position in a small pass differs from the
+ * prompt's).
  * Scaling t2's whole time by the model would charge a loop's verify passes (the same experts
  * again) about twice what they cost; a slope from the one-position pass would charge every further
  * position the jump from the one-row kernels to the many-row ones (bench/results/drafting.md,
@@ -373,6 +384,14 @@ double econ_pass_cost(const econ *e, int T)
 {
     assert(T >= 1 && T <= GEN_MAX_DRAFT + 1);
     return pass_cost(e, T);
+}
+
+void econ_prefilled(econ *e, int positions, double seconds, double stalled)
+{
+    assert(positions >= 0 && seconds >= 0);
+    if (positions >= PREFILL_MIN && seconds > stalled)
+        e->prefill_pos_s = (seconds - stalled) / positions;
+    costs_update(e);
 }
 
 void econ_passed(econ *e, int T, double took, double stalled)

@@ -123,12 +123,14 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     emitter em = {rq, cb, lcb, ud, st, timer_now(), 0};
     session_stats before, after;
     session_stats_get(s, &before);
+    double stall_sync = store_stall(s);
     if (session_sync(s, rq->prompt, rq->n_prompt, err) != 0)
         return -1;
     session_stats_get(s, &after);
     st->n_prompt = rq->n_prompt;
     st->n_reused = (int)(after.reused - before.reused);
     st->t_prefill = timer_now() - em.t0;
+    stall_sync = store_stall(s) - stall_sync;
     if (rq->max_new < 1)
         return 0;
     const int V = s->hp->vocab;
@@ -137,6 +139,7 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     econ ec;
     const hparams *hp = s->hp;
     econ_init(&ec, rq->drafters, nd, hp->top_k, hp->n_experts, s->e->store != NULL);
+    econ_prefilled(&ec, (int)(after.positions_run - before.positions_run), st->t_prefill, stall_sync);
     if (nd > 0) {
         seq_cap = session_context(s) + 1;
         if (!(seq = malloc(sizeof *seq * (size_t)seq_cap)))
