@@ -3,7 +3,7 @@
  * it step by step; it reads no clock and runs no pass, so a test can drive it with costs and
  * rulings of its own (tests/test_econ.c).
  *
- * A step, in order:
+ * Before the first step, econ_prefilled: what the prompt's passes took. A step, in order:
  *   econ_choose      the drafter (-1: none) and the k to ask it for;
  *   econ_asked       what the ask cost and returned (for every drafter asked in the step);
  *   econ_verify      how many of the m guesses the pass verifies: as far as their class pays, none
