@@ -7,12 +7,14 @@
 #          emulated drive of 100 MB/s and 200 us (reads dominate, as they do for K3);
 # on code completion (the three held-out Python files of tests/data/drafting) and on three chat
 # prompts, greedy, MAX_NEW tokens (default 128). ROUNDS rounds (default 3); within a round every
-# drafter runs once per prompt and setting, in a rotating order, so the machine's drift falls on
-# all of them alike. Prints each run's figures (tok/s of the decode after the first token, tokens
-# per pass, bytes read per generated token, the drive's rate over its emulated one) and a table of
-# medians. A run from RAM decodes in about 80 ms, and this VM's noise moves single runs by 10-25% in
-# phases of seconds: each round makes the RAM setting's rotation RAM_REPS times (default 5), so its
-# medians are of 3 x 5 runs spread over the whole benchmark. Timing only: nothing here is a test.
+# drafter runs once per prompt and setting, in a rotating order, so the machine's drift falls on all
+# of them alike. Prints each run's figures (tok/s of the decode after the first token, tokens per
+# pass, bytes read per generated token, the drive's rate over its emulated one) and a table of
+# medians, with each drafter's tok/s over none's both as medians and paired (the median of the
+# ratios of runs made in the same rotation, seconds apart). A run from RAM decodes in about 80 ms,
+# and this VM's noise moves single runs by 10-25% in phases of seconds: each round makes the RAM
+# setting's rotation RAM_REPS times (default 5), so its medians are of 3 x 5 runs spread over the
+# whole benchmark. Timing only: nothing here is a test.
 set -euo pipefail
 W=${1:-/tmp/deltafin-bench-draft}
 ROUNDS=${2:-3}
@@ -63,13 +65,15 @@ for line in open(sys.argv[1]):
         continue
     setting, kind, prompt, drafter = f[:4]
     runs[(setting, kind, prompt, drafter)].append((float(f[5]), int(f[8]) / max(1, int(f[7])), f[10], f[12]))
-print("| setting | prompt | drafter | tok/s | x none | tokens/pass | bytes/token | drive/emulated |")
-print("|---|---|---|---|---|---|---|---|")
+print("| setting | prompt | drafter | tok/s | x none | x none, paired | tokens/pass | bytes/token | drive/emulated |")
+print("|---|---|---|---|---|---|---|---|---|")
 for key in sorted(runs, key=lambda k: (k[0], k[1], k[2], ["none", "ngram", "qwen", "dspark", "auto"].index(k[3]))):
     v = runs[key]
     tps = statistics.median(x[0] for x in v)
     base = runs.get(key[:3] + ("none",))
     rel = tps / statistics.median(x[0] for x in base) if base else float("nan")
-    print("| %s | %s | %s | %.1f | %.2f | %.2f | %s | %s |" % (key[0], key[2], key[3], tps, rel,
+    # the i-th run of a drafter and the i-th of none on a prompt share a rotation, seconds apart
+    paired = statistics.median(a[0] / b[0] for a, b in zip(v, base)) if base else float("nan")
+    print("| %s | %s | %s | %.1f | %.2f | %.3f | %.2f | %s | %s |" % (key[0], key[2], key[3], tps, rel, paired,
           statistics.median(x[1] for x in v), v[len(v) // 2][2], v[len(v) // 2][3]))
 EOF
