@@ -25,7 +25,8 @@
  * (made at every pass, the bundled model's rows were 0.7% of a decode's instructions from RAM,
  * where DSpark is never asked: docs/drafting.md). What an ask will spend making the waiting rows
  * is its catch-up (ds_cost's once).
- * Invariant: rows hold positions 0 .. have-1, pend positions have .. have+npend-1, npend <= pend_cap.
+ * Invariant: rows hold positions 0 .. have-1, pend positions have .. have+npend-1, npend <= pend_cap;
+ * the pages of rows below rows_ready (<= cap) and of pend below pend_ready (<= pend_cap) are faulted in.
  */
 #include <assert.h>
 #include <math.h>
@@ -132,6 +133,7 @@ static int grow(dspark *x, int need, errbuf *err)
  * inside a step costs it a fault (base/mem.h). Rows a realloc moved were written by its copy. */
 static void ready_rows(dspark *x, int upto)
 {
+    assert(upto <= x->cap && x->rows_ready <= x->cap);
     if (upto <= x->rows_ready)
         return;
     int to = upto + DS_READY_AHEAD < x->cap ? upto + DS_READY_AHEAD : x->cap;
@@ -145,6 +147,7 @@ static void ready_rows(dspark *x, int upto)
  * every pass or so there */
 static void ready_pend(dspark *x, int upto)
 {
+    assert(upto <= x->pend_cap && x->pend_ready <= x->pend_cap);
     if (upto <= x->pend_ready)
         return;
     int to = upto + DS_READY_AHEAD < x->pend_cap ? upto + DS_READY_AHEAD : x->pend_cap;
