@@ -349,7 +349,9 @@ static int run_tokens(session *s, const int32_t *tokens, int T, int n_logits, co
         n_taps = s->sink_n;
         tap_out = s->sink_buf;
     }
-    int logged = s->n_kda > 0 && T <= s->o.max_commit;
+    /* a pass of one position is kept whole or not at all, so its log would never be replayed (K3's
+     * would copy 4 x 12288 floats, 196 KB, a KDA layer) */
+    int logged = s->n_kda > 0 && T > 1 && T <= s->o.max_commit;
     if (pass_run(s, tokens, T, n_logits, taps, n_taps, tap_out, logged, err) != 0)
         return -1;
     if (s->sink_n > 0)
@@ -382,6 +384,7 @@ static int commit(session *s, int n_keep, errbuf *err)
         s->n += n_keep;
         return 0;
     }
+    assert(T > 1); /* (0 < n_keep < T) */
     if (!s->pend_logged) { /* a long pass: recompute the kept part (the same bits, weights read again) */
         if (pass_run(s, s->hist + s->n, n_keep, 0, NULL, 0, NULL, 0, err) != 0)
             return errbuf_prefix(err, "session: recomputing the %d kept positions", n_keep);
