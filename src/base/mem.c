@@ -9,7 +9,8 @@ void mem_populate(void *p, size_t bytes)
 {
     if (!p || bytes == 0)
         return;
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, e = a + bytes;
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t pg = ps > 0 ? (uintptr_t)ps : 4096, a = (uintptr_t)p, e = a + bytes;
 #ifdef MADV_POPULATE_WRITE
     /* whole pages: the first and last are the range's own mapping, so this writes no one else's */
     uintptr_t a0 = a & ~(pg - 1), e0 = (e + pg - 1) & ~(pg - 1);
