@@ -1389,6 +1389,9 @@ TEST(draft_decode_faults_in_nothing)
     if (test_failed())
         return;
     CHECKF(p > a, "no guess was refused: no verify pass wrote its later rows");
-    if (!SANITIZED) /* a sanitizer's shadow pages fault in as the decode first reads them */
-        CHECKF(faults >= 0 && faults <= 4, "%ld page faults while decoding %d tokens", faults, r.n);
+    /* A sanitizer's shadow pages fault in as the decode first reads them. A few faults may come from
+     * elsewhere (a thread's stack growing, a code page first run, 2 seen with the machine three
+     * times overloaded); any one buffer left out costs 27 or more (the attention caches' rows). */
+    if (!SANITIZED)
+        CHECKF(faults >= 0 && faults <= 8, "%ld page faults while decoding %d tokens", faults, r.n);
 }

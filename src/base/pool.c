@@ -8,6 +8,7 @@
  */
 #include "base/pool.h"
 
+#include "base/mem.h"
 #include "base/timer.h"
 
 #include <pthread.h>
@@ -211,6 +212,7 @@ int pool_reserve(pool *p, size_t bytes, errbuf *err)
         void *nb = NULL;
         if (posix_memalign(&nb, 64, bytes) != 0)
             return errbuf_set(err, "thread scratch: out of memory (%zu bytes)", bytes);
+        mem_populate(nb, bytes); /* which thread takes which chunk varies: each must find its scratch in */
         free(p->scratch[i]);
         p->scratch[i] = nb;
     }
