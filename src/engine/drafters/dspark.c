@@ -128,32 +128,18 @@ static int grow(dspark *x, int need, errbuf *err)
     return 0;
 }
 
-/* Rows (every layer's) below position `upto` (<= cap) faulted in before they are written,
- * DS_READY_AHEAD positions at a time: rows are made a few per step, and a page first written
- * inside a step costs it a fault (base/mem.h). Rows a realloc moved were written by its copy. */
-static void ready_rows(dspark *x, int upto)
+/* Positions ready .. upto-1 (upto <= cap) of buf [cap][width] faulted in before they are
+ * written, DS_READY_AHEAD positions ahead: rows and waiting taps are written a few positions a
+ * step, and a page first written inside a step costs it a fault (base/mem.h). Returns the new
+ * mark. (Rows a realloc moved were written by its copy.) */
+static int ready_ahead(float *buf, size_t width, int ready, int upto, int cap)
 {
-    assert(upto <= x->cap && x->rows_ready <= x->cap);
-    if (upto <= x->rows_ready)
-        return;
-    int to = upto + DS_READY_AHEAD < x->cap ? upto + DS_READY_AHEAD : x->cap;
-    size_t W = (size_t)x->hp.kv_lora_rank + x->hp.qk_rope;
-    for (int l = 0; l < x->L; l++)
-        mem_populate(x->lay[l].cache + (size_t)x->rows_ready * W, sizeof(float) * W * (size_t)(to - x->rows_ready));
-    x->rows_ready = to;
-}
-
-/* the same for pend's first `upto` (<= pend_cap) positions: an idle drafter's taps fill a page
- * every pass or so there */
-static void ready_pend(dspark *x, int upto)
-{
-    assert(upto <= x->pend_cap && x->pend_ready <= x->pend_cap);
-    if (upto <= x->pend_ready)
-        return;
-    int to = upto + DS_READY_AHEAD < x->pend_cap ? upto + DS_READY_AHEAD : x->pend_cap;
-    size_t in = (size_t)x->ntaps * x->Ht;
-    mem_populate(x->pend + (size_t)x->pend_ready * in, sizeof(float) * in * (size_t)(to - x->pend_ready));
-    x->pend_ready = to;
+    assert(upto <= cap && ready <= cap);
+    if (upto <= ready)
+        return ready;
+    int to = upto + DS_READY_AHEAD < cap ? upto + DS_READY_AHEAD : cap;
+    mem_populate(buf + (size_t)ready * width, sizeof(float) * width * (size_t)(to - ready));
+    return to;
 }
 
 /* [c ; k_pe] of rows xs [n][H] at positions pos0.. into out [n][kv_lora + rope]: kv_a, the norm of
@@ -190,7 +176,10 @@ static void project(dspark *x, const float *taps, int pos0, int n_all)
         }
         blk_matmul(&b, &x->ctx_proj, taps + (size_t)t0 * in, n, ctx);
         blk_rmsnorm(&b, ctx, x->ctx_norm, n, H, x->hp.rms_eps, ctx);
-        ready_rows(x, pos0 + t0 + n);
+        int ready = x->rows_ready;
+        for (int l = 0; l < x->L; l++)
+            ready = ready_ahead(x->lay[l].cache, W, x->rows_ready, pos0 + t0 + n, x->cap);
+        x->rows_ready = ready;
         for (int l = 0; l < x->L; l++)
             kv_rows(x, &b, &x->lay[l], ctx, n, pos0 + t0, x->lay[l].cache + (size_t)(pos0 + t0) * W, cs);
         arena_rewind(&x->ar, mark);
@@ -234,7 +223,7 @@ static void ds_on_taps(void *ud, int pos0, int T, const float *taps)
         return;
     }
     size_t in = (size_t)x->ntaps * x->Ht;
-    ready_pend(x, x->npend + T);
+    x->pend_ready = ready_ahead(x->pend, in, x->pend_ready, x->npend + T, x->pend_cap);
     memcpy(x->pend + (size_t)x->npend * in, taps, sizeof(float) * in * (size_t)T);
     x->npend += T;
 }
