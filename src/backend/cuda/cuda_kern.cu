@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * each 16-byte group, so that it reads eight codes as one word and decodes them with shifts and
  * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
- * the activations cost more than they saved (bench/results/cuda.md). (MXFP4 at T <= 2 and INT4 at
- * T = 1 now take k_gvx below wherever it fits, the same lanes without the staging.) The block's
+ * the activations cost more than they saved (bench/results/cuda.md). (INT4 at T = 1 now takes
+ * k_gvx below wherever it fits, and MXFP4 at T <= 2 k_gvt: the same lanes.) The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -353,11 +353,33 @@ __device__ __forceinline__ void quad_store(float (&acc)[4][TT], int r, int r0, i
     }
 }
 
-/* One row's 32-column group for a thread of four lanes: lane 4q + i adds its even column
- * (byte i's low nibble) and then its odd one, for every token. */
+/* MXFP4's codes of one word two at a time, for d_nib's one-multiply case (FAST): nibbles n and
+ * n + 4 (bits 4n and 4n + 16) become the two halves of a BF16 pair, each its code's value times
+ * 2^-126 as in d_nib but at BF16's bits (the magnitude at 6-8, the sign at 15). Masking the two
+ * nibbles and one product by 2^a + 2^(a + 6) places both copies without carries (the magnitude's
+ * copy at 6-9, the sign's at 12-15); a BF16 multiply by sc x 2^126 gives both values times sc,
+ * exact as d_nib's (value x sc has two significant bits, at least 2^-128: a BF16, subnormal or
+ * not, and the multiply keeps subnormals); each half is then its float's top 16 bits. Six
+ * instructions a pair and a shift a word, two or three of them on the FMA pipe, where d_nib takes
+ * four an element, three on the ALU: it pays where the issue slots bind (k_gvt), not in k_gvx,
+ * which its L1 binds (bench/results/cuda.md). v[n]: nibble n's value times sc. */
+__device__ __forceinline__ void nib_pairs(uint32_t word, float s126, float (&v)[8])
+{
+    const uint32_t w8 = word >> 8, s2 = __byte_perm(__float_as_uint(s126), 0u, 0x3232u);
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        uint32_t a = (n < 2 ? word : w8) & (n % 2 ? 0x00F000F0u : 0x000F000Fu);
+        uint32_t p = a * (n % 2 ? 0x104u : 0x1040u) & 0x81C081C0u, m;
+        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(s2));
+        v[n] = __uint_as_float(m << 16);
+        v[n + 4] = __uint_as_float(m & 0xFFFF0000u);
+    }
+}
+
+/* nib_group's element-by-element decode (d_nib) */
 template <int FMT, bool FAST, int TT>
-__device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, const float (&xv)[TT][8],
-                                          float (&acc)[4][TT])
+__device__ __forceinline__ void nib_one(uint32_t word, float sc, float s126, const float (&xv)[TT][8],
+                                        float (&acc)[4][TT])
 {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -380,6 +402,27 @@ __device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, c
             acc[i][k] = __fmaf_rn(lo, xv[k][2 * i], acc[i][k]);
             acc[i][k] = __fmaf_rn(hi, xv[k][2 * i + 1], acc[i][k]);
         }
+    }
+}
+
+/* One row's 32-column group for a thread of four lanes: lane 4q + i adds its even column
+ * (byte i's low nibble) and then its odd one, for every token. */
+template <int FMT, bool FAST, int TT>
+__device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, const float (&xv)[TT][8],
+                                          float (&acc)[4][TT])
+{
+    if constexpr (FMT == WF_MXFP4 && FAST) {
+        float v[8];
+        nib_pairs(word, s126, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int k = 0; k < TT; k++) {
+                acc[i][k] = __fmaf_rn(v[2 * i], xv[k][2 * i], acc[i][k]);
+                acc[i][k] = __fmaf_rn(v[2 * i + 1], xv[k][2 * i + 1], acc[i][k]);
+            }
+    } else {
+        nib_one<FMT, FAST, TT>(word, sc, s126, xv, acc);
     }
 }
 
@@ -562,7 +605,8 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
     k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
 }
 
-/* MXFP4 at T <= 2 and INT4 at T = 1, rows streamed (k_gvx). The same lanes and order as k_gemv's
+/* INT4 at T = 1, rows streamed (k_gvx; MXFP4 at T <= 2 took it until k_gvt below, which fits the
+ * same matrices). The same lanes and order as k_gemv's
  * four-lane path, without its shared-memory staging of the weights: a row belongs to GX_TPR
  * threads, thread h holding seq16's lanes LPT h .. LPT h + LPT - 1 (LPT = 16 / GX_TPR), whose bytes
  * are bytes LPT h .. of each 16-byte group of 32 columns, so that it loads them straight from
@@ -570,7 +614,7 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
  * 16-byte read (MXFP4: a byte a group) or two (INT4: a BF16 a group). The activations of the whole
  * row (T x cols floats) are copied into shared memory once, so that the loop over column blocks
  * has no barrier. A block of GX_WARPS warps covers GX_WARPS x 32 / GX_TPR rows. Matrices it does
- * not fit (gx_fits) take k_gemv.
+ * not fit (gx_fits, k_gvt's test too) take k_gemv.
  * Measured (bench/results/cuda.md, 2026-12-03): four threads to a row, four warps to a block and at
  * most 96 registers (GX_MINB = 5 blocks to an SM) beat two threads to a row, eight warps, 64
  * registers, and the 233 that ptxas takes unbounded (80 measured the same at T = 1, slower at
@@ -756,6 +800,157 @@ template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int 
     k_gvx<FMT, TT, N><<<(unsigned)nb, 32 * GX_WARPS, (size_t)TT * (size_t)cols * 4, st>>>(set);
 }
 
+/* MXFP4 at T <= 2, the weights staged by the copy engine (k_gvt): k_gvx's lanes and order, but a
+ * row's 256 bytes of a column block come into shared memory by one bulk copy (cp.async.bulk), the
+ * next block's while this one is reduced (GT_S stages a warp, each with its own mbarrier; a warp's
+ * stages and barriers are its own, so the loop has no block-wide barrier). A thread then reads its
+ * word of a group with a 4-byte shared read, the warp's 32 words in 32 banks (rows GT_RS bytes
+ * apart). In k_gvx each 4-byte global read of a warp touches eight rows: eight L1 wavefronts for
+ * 128 bytes, which with the activations' reads kept the L1's data pipe 91% busy; here it is 50%,
+ * and the decode's instructions bind instead (hence nib_pairs). Measured on the H100
+ * (bench/results/cuda.md, 2026-12-06): two stages beat three and four, and a copy a block beat
+ * one of two blocks. */
+enum { GT_S = 2, GT_RS = 272 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* block copy into a stage: the warp's eight rows (src), 256 bytes each from byte off, arriving on
+ * bar; one thread calls */
+__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const uint8_t *const (&src)[8], size_t off)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(8 * 256) : "memory");
+#pragma unroll
+    for (int rr = 0; rr < 8; rr++)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(
+                         smem_u32(dst + rr * GT_RS)),
+                     "l"(src[rr] + off), "r"(smem_u32(bar))
+                     : "memory");
+}
+
+/* until bar's phase of the given parity has completed (the thread suspended meanwhile) */
+__device__ __forceinline__ void gt_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity), "r"(0x989680u)
+                     : "memory");
+}
+
+template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const gv_set<N> set)
+{
+    extern __shared__ __align__(128) uint8_t gt_sm[]; /* [GX_WARPS][GT_S][8][GT_RS] bytes, then [TT][cols] floats */
+    __shared__ __align__(8) uint64_t bars[GX_WARPS][GT_S];
+    const gv_one g1 = gv_entry(set);
+    const kmat w = g1.m.w;
+    const float *__restrict__ x = g1.m.x;
+    float *__restrict__ y = g1.m.y;
+    const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
+    const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
+    constexpr int NG = 16, NT = 32 * GX_WARPS;
+    /* the warp's index broadcast from lane 0, so that the compiler knows it uniform across the warp
+     * and keeps the copies' addresses in uniform registers, where a bulk copy takes them */
+    const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31;
+    const int warp = __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x >> 5, 0);
+    const int h = tl & 3, rw = tl >> 2, rbase = r0 + (bx * GX_WARPS + warp) * 8, r = rbase + rw;
+    uint8_t *stg = gt_sm + (size_t)warp * GT_S * 8 * GT_RS;
+    float *xs = (float *)(gt_sm + (size_t)GX_WARPS * GT_S * 8 * GT_RS);
+    /* the warp's rows; those past r1 repeat the last, and nothing of theirs is stored */
+    const uint8_t *rows[8];
+#pragma unroll
+    for (int rr = 0; rr < 8; rr++)
+        rows[rr] = w.data + (size_t)(rbase + rr < r1 ? rbase + rr : r1 - 1) * w.row_bytes;
+    const uint8_t *scp = w.scale + (size_t)(r < r1 ? r : r1 - 1) * w.scale_stride;
+    if (tl == 0) {
+#pragma unroll
+        for (int s = 0; s < GT_S; s++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[warp][s])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < GT_S && s < nblk; s++)
+            gt_issue(&bars[warp][s], stg + (size_t)s * 8 * GT_RS, rows, (size_t)s * 256);
+    }
+    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
+        int k = e / cols, c = e % cols;
+        if (k < T)
+            __pipeline_memcpy_async(xs + e, x + (size_t)k * ldx + c, 16);
+        else
+            *(float4 *)(xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    float acc[4][TT];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            acc[i][k] = 0.0f;
+    uint4 sc_next = __ldg((const uint4 *)scp); /* the row's scales of the next block, a byte a group */
+    for (int b = 0; b < nblk; b++) {
+        const uint4 s = sc_next;
+        if (b + 1 < nblk)
+            sc_next = __ldg((const uint4 *)(scp + (size_t)(b + 1) * 16));
+        const int st = b % GT_S;
+        gt_wait(&bars[warp][st], (uint32_t)(b / GT_S) & 1u);
+        const uint32_t *wp = (const uint32_t *)(stg + (size_t)st * 8 * GT_RS + rw * GT_RS) + h;
+        const float *xb = xs + (size_t)b * 512 + 8 * h;
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        /* as k_gvx: d_nib's one multiply (nib_pairs) when every scale byte of the block is below 128 */
+        auto groups = [&](auto fast_c) {
+            constexpr bool FAST = decltype(fast_c)::value;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
+                float sc = FAST ? 0.0f : d_e8m0(sb8);
+                float s126 = FAST ? __uint_as_float((sb8 + 126u) << 23) : 0.0f;
+                float xv[TT][8];
+#pragma unroll
+                for (int k = 0; k < TT; k++) {
+                    float4 a = *(const float4 *)(xb + k * cols + 32 * g);
+                    float4 c = *(const float4 *)(xb + k * cols + 32 * g + 4);
+                    xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
+                    xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
+                }
+                nib_group<WF_MXFP4, FAST, TT>(wp[4 * g], sc, s126, xv, acc);
+            }
+        };
+        if (((s.x | s.y | s.z | s.w) & 0x80808080u) == 0)
+            groups(std::true_type());
+        else
+            groups(std::false_type());
+        __syncwarp(); /* every lane is done with the stage before the copy engine refills it */
+        if (tl == 0 && b + GT_S < nblk)
+            gt_issue(&bars[warp][st], stg + (size_t)st * 8 * GT_RS, rows, (size_t)(b + GT_S) * 256);
+    }
+    quad_store<TT>(acc, r, r0, r1, T, y, ldy);
+}
+
+template <int TT, int N> static void launch_gvt(const cudak_mm *m, int n, cudaStream_t st)
+{
+    constexpr int per = GX_WARPS * 8;
+    constexpr size_t stages = (size_t)GX_WARPS * GT_S * 8 * GT_RS;
+    /* the shared-memory limit raised once per instantiation and device, as in launch_gvx */
+    static unsigned raised;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 32 || !(raised & 1u << dev)) {
+        cudaFuncSetAttribute(k_gvt<TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(stages + GX_XMAX * 4));
+        if (dev < 32)
+            raised |= 1u << dev;
+    }
+    gv_set<N> set;
+    set.n = n;
+    int nb = 0, cols = 0;
+    for (int i = 0; i < n; i++) {
+        set.e[i].m = m[i];
+        set.e[i].nb0 = nb;
+        nb += (m[i].r1 - m[i].r0 + per - 1) / per;
+        cols = m[i].w.cols > cols ? m[i].w.cols : cols;
+    }
+    k_gvt<TT, N><<<(unsigned)nb, 32 * GX_WARPS, stages + (size_t)TT * (size_t)cols * 4, st>>>(set);
+}
+
 /* one launch of k_gemv (or k_gvx) for n <= CUDAK_SET products of T <= 8, its token tile the
  * largest T's */
 template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
@@ -766,10 +961,14 @@ template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, c
         for (int i = 0; i < n && fits; i++)
             fits = T == 1 ? gx_fits<1>(&m[i]) : gx_fits<2>(&m[i]);
         if (fits) {
-            if (T == 1)
+            if constexpr (FMT == WF_MXFP4) {
+                if (T == 1)
+                    launch_gvt<1, N>(m, n, st);
+                else
+                    launch_gvt<2, N>(m, n, st);
+            } else {
                 launch_gvx<FMT, 1, N>(m, n, st);
-            else if constexpr (FMT == WF_MXFP4)
-                launch_gvx<FMT, 2, N>(m, n, st);
+            }
             return;
         }
     }
