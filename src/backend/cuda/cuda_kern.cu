@@ -821,17 +821,23 @@ enum { GT_S = 2, GT_RS = 272 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-/* block copy into a stage: the warp's eight rows (src), 256 bytes each from byte off, arriving on
- * bar; one thread calls */
-__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const uint8_t *const (&src)[8], size_t off)
+/* block copy into a stage: the warp's eight rows from row0, row_bytes apart (past nr, row nr - 1
+ * again), 256 bytes each from byte off, arriving on bar; one thread calls. The source steps from
+ * row to row, so that each copy costs an add, not a product. */
+__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const uint8_t *row0, size_t row_bytes, int nr,
+                                         size_t off)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(8 * 256) : "memory");
+    const uint8_t *src = row0 + off;
 #pragma unroll
-    for (int rr = 0; rr < 8; rr++)
+    for (int rr = 0; rr < 8; rr++) {
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(
                          smem_u32(dst + rr * GT_RS)),
-                     "l"(src[rr] + off), "r"(smem_u32(bar))
+                     "l"(src), "r"(smem_u32(bar))
                      : "memory");
+        if (rr + 1 < nr)
+            src += row_bytes;
+    }
 }
 
 /* until bar's phase of the given parity has completed (the thread suspended meanwhile) */
@@ -863,11 +869,9 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
     const int h = tl & 3, rw = tl >> 2, rbase = r0 + (bx * GX_WARPS + warp) * 8, r = rbase + rw;
     uint8_t *stg = gt_sm + (size_t)warp * GT_S * 8 * GT_RS;
     float *xs = (float *)(gt_sm + (size_t)GX_WARPS * GT_S * 8 * GT_RS);
-    /* the warp's rows; those past r1 repeat the last, and nothing of theirs is stored */
-    const uint8_t *rows[8];
-#pragma unroll
-    for (int rr = 0; rr < 8; rr++)
-        rows[rr] = w.data + (size_t)(rbase + rr < r1 ? rbase + rr : r1 - 1) * w.row_bytes;
+    /* the warp's rows to copy; those past r1 repeat the last, and nothing of theirs is stored */
+    const int nr = rbase >= r1 ? 1 : r1 - rbase < 8 ? r1 - rbase : 8;
+    const uint8_t *row0 = w.data + (size_t)(rbase < r1 ? rbase : r1 - 1) * w.row_bytes;
     const uint8_t *scp = w.scale + (size_t)(r < r1 ? r : r1 - 1) * w.scale_stride;
     if (tl == 0) {
 #pragma unroll
@@ -875,7 +879,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[warp][s])) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int s = 0; s < GT_S && s < nblk; s++)
-            gt_issue(&bars[warp][s], stg + (size_t)s * 8 * GT_RS, rows, (size_t)s * 256);
+            gt_issue(&bars[warp][s], stg + (size_t)s * 8 * GT_RS, row0, w.row_bytes, nr, (size_t)s * 256);
     }
     for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
         int k = e / cols, c = e % cols;
@@ -943,7 +947,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             groups(std::false_type());
         __syncwarp(); /* every lane is done with the stage before the copy engine refills it */
         if (tl == 0 && b + GT_S < nblk)
-            gt_issue(&bars[warp][st], stg + (size_t)st * 8 * GT_RS, rows, (size_t)(b + GT_S) * 256);
+            gt_issue(&bars[warp][st], stg + (size_t)st * 8 * GT_RS, row0, w.row_bytes, nr, (size_t)(b + GT_S) * 256);
     }
     quad_store<TT>(acc, r, r0, r1, T, y, ldy);
 }
