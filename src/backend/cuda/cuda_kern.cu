@@ -353,6 +353,19 @@ __device__ __forceinline__ void quad_store(float (&acc)[4][TT], int r, int r0, i
     }
 }
 
+/* the eight activations at xp of each token, token k's at xp + k * stride (two 16-byte reads a
+ * token) */
+template <int TT> __device__ __forceinline__ void load_xv8(const float *xp, int stride, float (&xv)[TT][8])
+{
+#pragma unroll
+    for (int k = 0; k < TT; k++) {
+        float4 a = *(const float4 *)(xp + k * stride);
+        float4 c = *(const float4 *)(xp + k * stride + 4);
+        xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
+        xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
+    }
+}
+
 /* MXFP4's codes of one word two at a time, for d_nib's one-multiply case (FAST): nibbles n and
  * n + 4 (bits 4n and 4n + 16) become the two halves of a BF16 pair, each its code's value times
  * 2^-126 as in d_nib but at BF16's bits (the magnitude at 6-8, the sign at 15). Masking the two
@@ -538,13 +551,7 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
 #pragma unroll
                 for (int g = 0; g < NG; g++) {
                     float xv[TT][8]; /* columns 32 g + 8 q .. + 8 of every token */
-#pragma unroll
-                    for (int k = 0; k < TT; k++) {
-                        float4 a = *(const float4 *)(xq + k * C + 32 * g);
-                        float4 c = *(const float4 *)(xq + k * C + 32 * g + 4);
-                        xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
-                        xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
-                    }
+                    load_xv8<TT>(xq + 32 * g, C, xv);
                     nib_group<FMT, decltype(fast_c)::value, TT>(rw32[4 * g], sc[g], sc[g] * 0x1p126f, xv, acc);
                 }
             };
@@ -659,6 +666,25 @@ template <int WPG> __device__ __forceinline__ gx_words<WPG> gx_load(const uint8_
     return r;
 }
 
+/* k_gvx's and k_gvt's activations: the whole rows of the TT tokens (TT x cols floats, tokens past
+ * T zero) copied into shared xs once, so that the loop over column blocks has no barrier. The
+ * block calls. */
+template <int TT>
+__device__ __forceinline__ void gx_stage_x(float *xs, const float *x, size_t ldx, int T, int cols)
+{
+    constexpr int NT = 32 * GX_WARPS; /* the block's threads */
+    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
+        int k = e / cols, c = e % cols;
+        if (k < T)
+            __pipeline_memcpy_async(xs + e, x + (size_t)k * ldx + c, 16);
+        else
+            *(float4 *)(xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+}
+
 template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> set)
 {
@@ -669,7 +695,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     float *__restrict__ y = g1.m.y;
     const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
     const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
-    constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16, NT = 32 * GX_WARPS;
+    constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16;
     constexpr int SW = FMT == WF_MXFP4 ? 1 : 2; /* 16-byte reads of a column block's scales */
     static_assert(FMT == WF_MXFP4 || FMT == WF_INT4G32, "the 4-bit formats");
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -687,16 +713,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
             s[v] = __ldg((const uint4 *)(scp + (size_t)blk * 16 * SW) + v);
     };
     load(0, wa, sa);
-    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
-        int k = e / cols, c = e % cols;
-        if (k < T)
-            __pipeline_memcpy_async(gx_xs + e, x + (size_t)k * ldx + c, 16);
-        else
-            *(float4 *)(gx_xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
+    gx_stage_x<TT>(gx_xs, x, ldx, T, cols);
     float acc[WPG][4][TT];
 #pragma unroll
     for (int j = 0; j < WPG; j++)
@@ -729,13 +746,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 #pragma unroll
                 for (int j = 0; j < WPG; j++) {
                     float xv[TT][8];
-#pragma unroll
-                    for (int k = 0; k < TT; k++) {
-                        float4 a = *(const float4 *)(xb + k * cols + 32 * g + 8 * j);
-                        float4 c = *(const float4 *)(xb + k * cols + 32 * g + 8 * j + 4);
-                        xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
-                        xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
-                    }
+                    load_xv8<TT>(xb + 32 * g + 8 * j, cols, xv);
                     nib_group<FMT, FAST, TT>(buf[g].v[j], sc, s126, xv, acc[j]);
                 }
             }
@@ -782,18 +793,20 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     }
 }
 
-template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
+/* One launch of k_gvx or k_gvt over the n products m, `per` rows a block, with `fixed` bytes of
+ * dynamic shared memory besides the activations (TT x the widest row's floats). The kernel's
+ * shared-memory limit is raised once per instantiation and device (an attribute of the function
+ * in the current device's context; beyond 32 devices, at every launch): raised is its own. */
+template <int N, typename K>
+static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT, const cudak_mm *m, int n,
+                      cudaStream_t st)
 {
-    constexpr int per = GX_WARPS * 32 / GX_TPR;
-    /* the shared-memory limit raised once per instantiation and device (an attribute of the
-     * function in the current device's context; beyond 32 devices, at every launch) */
-    static unsigned raised;
     int dev = 0;
     cudaGetDevice(&dev);
-    if (dev >= 32 || !(raised & 1u << dev)) {
-        cudaFuncSetAttribute(k_gvx<FMT, TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, GX_XMAX * 4);
+    if (dev >= 32 || !(*raised & 1u << dev)) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(fixed + GX_XMAX * 4));
         if (dev < 32)
-            raised |= 1u << dev;
+            *raised |= 1u << dev;
     }
     gv_set<N> set;
     set.n = n;
@@ -804,7 +817,13 @@ template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int 
         nb += (m[i].r1 - m[i].r0 + per - 1) / per;
         cols = m[i].w.cols > cols ? m[i].w.cols : cols;
     }
-    k_gvx<FMT, TT, N><<<(unsigned)nb, 32 * GX_WARPS, (size_t)TT * (size_t)cols * 4, st>>>(set);
+    kernel<<<(unsigned)nb, 32 * GX_WARPS, fixed + (size_t)TT * (size_t)cols * 4, st>>>(set);
+}
+
+template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
+{
+    static unsigned raised;
+    gx_launch<N>(k_gvx<FMT, TT, N>, &raised, GX_WARPS * 32 / GX_TPR, 0, TT, m, n, st);
 }
 
 /* MXFP4 at T <= 2, the weights staged by the copy engine (k_gvt): k_gvx's lanes and order, but a
@@ -861,7 +880,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
     float *__restrict__ y = g1.m.y;
     const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
     const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
-    constexpr int NG = 16, NT = 32 * GX_WARPS;
+    constexpr int NG = 16;
     /* the warp's index broadcast from lane 0, so that the compiler knows it uniform across the warp
      * and keeps the copies' addresses in uniform registers, where a bulk copy takes them */
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31;
@@ -881,16 +900,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
         for (int s = 0; s < GT_S && s < nblk; s++)
             gt_issue(&bars[warp][s], stg + (size_t)s * 8 * GT_RS, row0, w.row_bytes, nr, (size_t)s * 256);
     }
-    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
-        int k = e / cols, c = e % cols;
-        if (k < T)
-            __pipeline_memcpy_async(xs + e, x + (size_t)k * ldx + c, 16);
-        else
-            *(float4 *)(xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
+    gx_stage_x<TT>(xs, x, ldx, T, cols);
     float acc[4][TT];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -924,13 +934,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
 #pragma unroll
             for (int g = 0; g < NG; g++) {
                 float xv[TT][8];
-#pragma unroll
-                for (int k = 0; k < TT; k++) {
-                    float4 a = *(const float4 *)(xb + k * cols + 32 * g);
-                    float4 c = *(const float4 *)(xb + k * cols + 32 * g + 4);
-                    xv[k][0] = a.x, xv[k][1] = a.y, xv[k][2] = a.z, xv[k][3] = a.w;
-                    xv[k][4] = c.x, xv[k][5] = c.y, xv[k][6] = c.z, xv[k][7] = c.w;
-                }
+                load_xv8<TT>(xb + 32 * g, cols, xv);
                 if constexpr (FAST) {
                     const uint32_t j = g % 4;
                     nib_group_pairs<TT>(wp[4 * g], __byte_perm(blo[g / 4], bhi[g / 4], j | (4 + j) << 4 | j << 8 | (4 + j) << 12),
@@ -954,30 +958,11 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
 
 template <int TT, int N> static void launch_gvt(const cudak_mm *m, int n, cudaStream_t st)
 {
-    constexpr int per = GX_WARPS * 8;
-    constexpr size_t stages = (size_t)GX_WARPS * GT_S * 8 * GT_RS;
-    /* the shared-memory limit raised once per instantiation and device, as in launch_gvx */
     static unsigned raised;
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev >= 32 || !(raised & 1u << dev)) {
-        cudaFuncSetAttribute(k_gvt<TT, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(stages + GX_XMAX * 4));
-        if (dev < 32)
-            raised |= 1u << dev;
-    }
-    gv_set<N> set;
-    set.n = n;
-    int nb = 0, cols = 0;
-    for (int i = 0; i < n; i++) {
-        set.e[i].m = m[i];
-        set.e[i].nb0 = nb;
-        nb += (m[i].r1 - m[i].r0 + per - 1) / per;
-        cols = m[i].w.cols > cols ? m[i].w.cols : cols;
-    }
-    k_gvt<TT, N><<<(unsigned)nb, 32 * GX_WARPS, stages + (size_t)TT * (size_t)cols * 4, st>>>(set);
+    gx_launch<N>(k_gvt<TT, N>, &raised, GX_WARPS * 8, (size_t)GX_WARPS * GT_S * 8 * GT_RS, TT, m, n, st);
 }
 
-/* one launch of k_gemv (or k_gvx) for n <= CUDAK_SET products of T <= 8, its token tile the
+/* one launch of k_gemv (or k_gvx, k_gvt) for n <= CUDAK_SET products of T <= 8, its token tile the
  * largest T's */
 template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
 {
