@@ -624,8 +624,8 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
  * four-lane path, without its shared-memory staging of the weights: a row belongs to GX_TPR
  * threads, thread h holding seq16's lanes LPT h .. LPT h + LPT - 1 (LPT = 16 / GX_TPR), whose bytes
  * are bytes LPT h .. of each 16-byte group of 32 columns, so that it loads them straight from
- * global memory, one column block (512 columns, 16 groups) ahead, with the block's scales in one
- * 16-byte read (MXFP4: a byte a group) or two (INT4: a BF16 a group). The activations of the whole
+ * global memory, one column block (512 columns, 16 groups) ahead, with the block's scales (a BF16 a
+ * group) in two 16-byte reads. The activations of the whole
  * row (T x cols floats) are copied into shared memory once, so that the loop over column blocks
  * has no barrier. A block of GX_WARPS warps covers GX_WARPS x 32 / GX_TPR rows. Matrices it does
  * not fit (gx_fits, k_gvt's test too) take k_gemv.
@@ -696,8 +696,8 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
     const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
     constexpr int TPR = GX_TPR, LPT = 16 / TPR, WPG = LPT / 4, RPW = 32 / TPR, NG = 16;
-    constexpr int SW = FMT == WF_MXFP4 ? 1 : 2; /* 16-byte reads of a column block's scales */
-    static_assert(FMT == WF_MXFP4 || FMT == WF_INT4G32, "the 4-bit formats");
+    constexpr int SW = 2; /* 16-byte reads of a column block's scales, a BF16 a group */
+    static_assert(FMT == WF_INT4G32, "INT4 (MXFP4 takes k_gvt)");
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = tl % TPR, r = r0 + (bx * GX_WARPS + warp) * RPW + tl / TPR, rl = r < r1 ? r : r1 - 1;
     const uint8_t *rowp = w.data + (size_t)rl * w.row_bytes + LPT * h;
@@ -722,39 +722,23 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 #pragma unroll
             for (int k = 0; k < TT; k++)
                 acc[j][i][k] = 0.0f;
-    /* block blk's 16 groups, its scales s. MXFP4: dtype.c's e8m0 value, with d_nib's one multiply
-     * when every scale byte is below 128: then sc x 2^126 = 2^(s - 1) is the float of bits
-     * (s + 126) << 23, 2^-1 for s = 0 whose value is 2^-127. INT4: the group's BF16. */
+    /* block blk's 16 groups, its scales s: each group's BF16 */
     auto compute = [&](int blk, const gx_words<WPG>(&buf)[NG], const uint4(&s)[SW]) {
         const float *xb = gx_xs + (size_t)blk * 512 + 2 * LPT * h;
         uint32_t sw[4 * SW];
 #pragma unroll
         for (int v = 0; v < SW; v++)
             sw[4 * v] = s[v].x, sw[4 * v + 1] = s[v].y, sw[4 * v + 2] = s[v].z, sw[4 * v + 3] = s[v].w;
-        auto groups = [&](auto fast_c) {
-            constexpr bool FAST = decltype(fast_c)::value;
 #pragma unroll
-            for (int g = 0; g < NG; g++) {
-                float sc, s126 = 0.0f;
-                if constexpr (FMT == WF_MXFP4) {
-                    uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
-                    sc = FAST ? 0.0f : d_e8m0(sb8);
-                    s126 = FAST ? __uint_as_float((sb8 + 126u) << 23) : 0.0f;
-                } else {
-                    sc = d_bf16((sw[g / 2] >> (16 * (g % 2))) & 0xFFFFu);
-                }
+        for (int g = 0; g < NG; g++) {
+            float sc = d_bf16((sw[g / 2] >> (16 * (g % 2))) & 0xFFFFu);
 #pragma unroll
-                for (int j = 0; j < WPG; j++) {
-                    float xv[TT][8];
-                    load_xv8<TT>(xb + 32 * g + 8 * j, cols, xv);
-                    nib_group<FMT, FAST, TT>(buf[g].v[j], sc, s126, xv, acc[j]);
-                }
+            for (int j = 0; j < WPG; j++) {
+                float xv[TT][8];
+                load_xv8<TT>(xb + 32 * g + 8 * j, cols, xv);
+                nib_group<FMT, false, TT>(buf[g].v[j], sc, 0.0f, xv, acc[j]);
             }
-        };
-        if (FMT == WF_MXFP4 && ((s[0].x | s[0].y | s[0].z | s[0].w) & 0x80808080u) == 0)
-            groups(std::true_type());
-        else
-            groups(std::false_type());
+        }
     };
     int b = 0;
     for (; b + 2 <= nblk; b += 2) {
