@@ -16,6 +16,8 @@
  * skips the columns past the row's end rather than adding zeros, because a sum can be -0 (a tiny
  * negative product rounded away) and -0 + +0 is +0.
  */
+#include <cuda.h> /* CUtensorMap and its enums only: the encoder comes through the runtime */
+#include <cudaTypedefs.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -320,6 +322,7 @@ template <int N> struct gv_set {
 struct gv_one {
     cudak_mm m;
     int bx;
+    int ei; /* the entry's index in the set */
 };
 
 template <int N> __device__ __forceinline__ gv_one gv_entry(const gv_set<N> &set)
@@ -328,7 +331,7 @@ template <int N> __device__ __forceinline__ gv_one gv_entry(const gv_set<N> &set
     if constexpr (N > 1)
         while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
             ei++;
-    return gv_one{set.e[ei].m, (int)blockIdx.x - set.e[ei].nb0};
+    return gv_one{set.e[ei].m, (int)blockIdx.x - set.e[ei].nb0, ei};
 }
 
 /* The 4-bit formats' end of k_gemv: thread q of a quad holds lanes 4q .. 4q + 3 of its row for
@@ -778,12 +781,13 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 }
 
 /* One launch of k_gvx or k_gvt over the n products m, `per` rows a block, with `fixed` bytes of
- * dynamic shared memory besides the activations (TT x the widest row's floats). The kernel's
+ * dynamic shared memory besides the activations (TT x the widest row's floats); set is the
+ * kernel's parameter (a gv_set<N>, or one with more fields, which the caller fills). The kernel's
  * shared-memory limit is raised once per instantiation and device (an attribute of the function
  * in the current device's context; beyond 32 devices, at every launch): raised is its own. */
-template <int N, typename K>
+template <int N, typename S, typename K>
 static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT, const cudak_mm *m, int n,
-                      cudaStream_t st)
+                      cudaStream_t st, S &set)
 {
     int dev = 0;
     cudaGetDevice(&dev);
@@ -792,12 +796,12 @@ static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT,
         if (dev < 32)
             *raised |= 1u << dev;
     }
-    gv_set<N> set;
-    set.n = n;
+    gv_set<N> &base = set;
+    base.n = n;
     int nb = 0, cols = 0;
     for (int i = 0; i < n; i++) {
-        set.e[i].m = m[i];
-        set.e[i].nb0 = nb;
+        base.e[i].m = m[i];
+        base.e[i].nb0 = nb;
         nb += (m[i].r1 - m[i].r0 + per - 1) / per;
         cols = m[i].w.cols > cols ? m[i].w.cols : cols;
     }
@@ -807,40 +811,42 @@ static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT,
 template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int n, cudaStream_t st)
 {
     static unsigned raised;
-    gx_launch<N>(k_gvx<FMT, TT, N>, &raised, GX_WARPS * 32 / GX_TPR, 0, TT, m, n, st);
+    gv_set<N> set;
+    gx_launch<N>(k_gvx<FMT, TT, N>, &raised, GX_WARPS * 32 / GX_TPR, 0, TT, m, n, st, set);
 }
 
 /* MXFP4 at T <= 2, the weights staged by the copy engine (k_gvt): k_gvx's lanes and order, but a
- * row's 256 bytes of a column block come into shared memory by one bulk copy (cp.async.bulk), the
- * next block's while this one is reduced (GT_S stages a warp, each with its own mbarrier; a warp's
- * stages and barriers are its own, so the loop has no block-wide barrier). A thread then reads its
- * word of a group with a 4-byte shared read, the warp's 32 words in 32 banks (rows GT_RS bytes
- * apart). In k_gvx each 4-byte global read of a warp touches eight rows: eight L1 wavefronts for
- * 128 bytes, which with the activations' reads kept the L1's data pipe 91% busy; here it is 50%,
- * and the decode's instructions bind instead (hence nib_pairs). Measured on the H100
- * (bench/results/cuda.md, 2026-12-06): two stages beat three and four, and a copy a block beat
- * one of two blocks. */
-enum { GT_S = 2, GT_RS = 272 };
+ * warp's eight rows of a column block (256 bytes each) come into shared memory by two tensor copies
+ * (cp.async.bulk.tensor, 128 bytes x 8 rows each, through the matrix's tensor map), the next
+ * block's while this one is reduced (GT_S stages a warp, each with its own mbarrier; a warp's
+ * stages and barriers are its own, so the loop has no block-wide barrier). The copies swizzle
+ * 128 bytes (16-byte chunk c of row r lands at chunk c ^ r), so a thread's 4-byte read of its
+ * word of a group puts the warp's 32 words in 32 banks. In k_gvx each 4-byte global read of a warp
+ * touches eight rows: eight L1 wavefronts for 128 bytes, which with the activations' reads kept the
+ * L1's data pipe 91% busy; here it is 50%, and the decode's instructions bind instead (hence
+ * nib_pairs, and two tensor copies where eight row copies took about 16 instructions each).
+ * Measured on the H100 (bench/results/cuda.md, 2026-12-06): two stages beat three and four. Rows
+ * past the matrix arrive as zeros and past r1 as they are; neither is stored. */
+enum { GT_S = 2, GT_STAGE = 2048 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-/* block copy into a stage: the warp's eight rows from row0, row_bytes apart (past nr, row nr - 1
- * again), 256 bytes each from byte off, arriving on bar; one thread calls. The source steps from
- * row to row, so that each copy costs an add, not a product. */
-__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const uint8_t *row0, size_t row_bytes, int nr,
-                                         size_t off)
+/* k_gvt's parameter: the products and each one's tensor map (gt_map) */
+template <int N> struct gt_set : gv_set<N> {
+    CUtensorMap map[N];
+};
+
+/* Block copy into a stage: the warp's eight rows from row y, bytes x .. x + 255, arriving on bar
+ * as two swizzled halves of 8 x 128 bytes, 1024 bytes apart; one thread calls. */
+__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const CUtensorMap *map, int x, int y)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(8 * 256) : "memory");
-    const uint8_t *src = row0 + off;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(GT_STAGE) : "memory");
 #pragma unroll
-    for (int rr = 0; rr < 8; rr++) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(
-                         smem_u32(dst + rr * GT_RS)),
-                     "l"(src), "r"(smem_u32(bar))
+    for (int half = 0; half < 2; half++)
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+                         smem_u32(dst + half * 1024)),
+                     "l"((uint64_t)map), "r"(x + 128 * half), "r"(y), "r"(smem_u32(bar))
                      : "memory");
-        if (rr + 1 < nr)
-            src += row_bytes;
-    }
 }
 
 /* until bar's phase of the given parity has completed (the thread suspended meanwhile) */
@@ -854,27 +860,29 @@ __device__ __forceinline__ void gt_wait(uint64_t *bar, uint32_t parity)
                      : "memory");
 }
 
-template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const gv_set<N> set)
+template <int TT, int N>
+__global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_constant__ gt_set<N> set)
 {
-    extern __shared__ __align__(128) uint8_t gt_sm[]; /* [GX_WARPS][GT_S][8][GT_RS] bytes, then [TT][cols] floats */
+    /* from the first 1024-byte boundary (the swizzle's): [GX_WARPS][GT_S][2][8][128] bytes of
+     * weights, then [TT][cols] floats */
+    extern __shared__ __align__(128) uint8_t gt_sm[];
     __shared__ __align__(8) uint64_t bars[GX_WARPS][GT_S];
     const gv_one g1 = gv_entry(set);
     const kmat w = g1.m.w;
+    const CUtensorMap *map = &set.map[g1.ei];
     const float *__restrict__ x = g1.m.x;
     float *__restrict__ y = g1.m.y;
     const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
     const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
     constexpr int NG = 16;
     /* the warp's index broadcast from lane 0, so that the compiler knows it uniform across the warp
-     * and keeps the copies' addresses in uniform registers, where a bulk copy takes them */
+     * and keeps the copies' operands in uniform registers, where a bulk copy takes them */
     const int cols = w.cols, nblk = cols / 512, tl = threadIdx.x & 31;
     const int warp = __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x >> 5, 0);
     const int h = tl & 3, rw = tl >> 2, rbase = r0 + (bx * GX_WARPS + warp) * 8, r = rbase + rw;
-    uint8_t *stg = gt_sm + (size_t)warp * GT_S * 8 * GT_RS;
-    float *xs = (float *)(gt_sm + (size_t)GX_WARPS * GT_S * 8 * GT_RS);
-    /* the warp's rows to copy; those past r1 repeat the last, and nothing of theirs is stored */
-    const int nr = rbase >= r1 ? 1 : r1 - rbase < 8 ? r1 - rbase : 8;
-    const uint8_t *row0 = w.data + (size_t)(rbase < r1 ? rbase : r1 - 1) * w.row_bytes;
+    uint8_t *sm = gt_sm + ((1024u - (smem_u32(gt_sm) & 1023u)) & 1023u);
+    uint8_t *stg = sm + (size_t)warp * GT_S * GT_STAGE;
+    float *xs = (float *)(sm + (size_t)GX_WARPS * GT_S * GT_STAGE);
     const uint8_t *scp = w.scale + (size_t)(r < r1 ? r : r1 - 1) * w.scale_stride;
     if (tl == 0) {
 #pragma unroll
@@ -882,7 +890,7 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[warp][s])) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int s = 0; s < GT_S && s < nblk; s++)
-            gt_issue(&bars[warp][s], stg + (size_t)s * 8 * GT_RS, row0, w.row_bytes, nr, (size_t)s * 256);
+            gt_issue(&bars[warp][s], stg + (size_t)s * GT_STAGE, map, 256 * s, rbase);
     }
     gx_stage_x<TT>(xs, x, ldx, T, cols);
     float acc[4][TT];
@@ -898,7 +906,9 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             sc_next = __ldg((const uint4 *)(scp + (size_t)(b + 1) * 16));
         const int st = b % GT_S;
         gt_wait(&bars[warp][st], (uint32_t)(b / GT_S) & 1u);
-        const uint32_t *wp = (const uint32_t *)(stg + (size_t)st * 8 * GT_RS + rw * GT_RS) + h;
+        /* the thread's word of group g: half g / 8, row rw, chunk (g % 8) ^ rw, word h; the row's
+         * address has bits 4-6 clear, so chunk c's is wq ^ c << 4, one instruction a group */
+        const uint32_t wq = smem_u32(stg + (size_t)st * GT_STAGE + rw * 128 + 4 * h) | (uint32_t)rw << 4;
         const float *xb = xs + (size_t)b * 512 + 8 * h;
         const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
         /* FAST: group g's scale byte e + 126 is below 254 (no carry between the bytes); its BF16
@@ -919,13 +929,15 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             for (int g = 0; g < NG; g++) {
                 float xv[TT][8];
                 load_xv8<TT>(xb + 32 * g, cols, xv);
+                const uint32_t word =
+                    *(const uint32_t *)((const uint8_t *)__cvta_shared_to_generic(wq ^ (g % 8) << 4) + (g / 8) * 1024);
                 if constexpr (FAST) {
                     const uint32_t j = g % 4;
-                    nib_group_pairs<TT>(wp[4 * g], __byte_perm(blo[g / 4], bhi[g / 4], j | (4 + j) << 4 | j << 8 | (4 + j) << 12),
+                    nib_group_pairs<TT>(word, __byte_perm(blo[g / 4], bhi[g / 4], j | (4 + j) << 4 | j << 8 | (4 + j) << 12),
                                         xv, acc);
                 } else {
                     uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
-                    nib_group<WF_MXFP4, false, TT>(wp[4 * g], d_e8m0(sb8), 0.0f, xv, acc);
+                    nib_group<WF_MXFP4, false, TT>(word, d_e8m0(sb8), 0.0f, xv, acc);
                 }
             }
         };
@@ -935,15 +947,45 @@ template <int TT, int N> __global__ void __launch_bounds__(32 * GX_WARPS, GX_MIN
             groups(std::false_type());
         __syncwarp(); /* every lane is done with the stage before the copy engine refills it */
         if (tl == 0 && b + GT_S < nblk)
-            gt_issue(&bars[warp][st], stg + (size_t)st * 8 * GT_RS, row0, w.row_bytes, nr, (size_t)(b + GT_S) * 256);
+            gt_issue(&bars[warp][st], stg + (size_t)st * GT_STAGE, map, 256 * (b + GT_S), rbase);
     }
     quad_store<TT>(acc, r, r0, r1, T, y, ldy);
+}
+
+/* The tensor map of w for k_gvt: its rows as a 2D tensor of bytes (row_bytes x rows), read in
+ * boxes of 128 bytes x 8 rows with the 128-byte swizzle. Encoding is host work, 48 ns a map on the
+ * H100's host (bench/results/cuda.md), so a launch encodes its products' maps afresh rather than
+ * keeping them anywhere. False where the driver refuses (the caller then takes k_gemv). */
+static PFN_cuTensorMapEncodeTiled_v12000 gt_encoder(void)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return NULL;
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+static bool gt_map(const kmat *w, CUtensorMap *out)
+{
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = gt_encoder(); /* once, thread-safe */
+    const cuuint64_t dim[2] = {w->row_bytes, (cuuint64_t)w->rows}, stride[1] = {w->row_bytes};
+    const cuuint32_t box[2] = {128, 8}, step[2] = {1, 1};
+    return encode && encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)w->data, dim, stride, box, step,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <int TT, int N> static void launch_gvt(const cudak_mm *m, int n, cudaStream_t st)
 {
     static unsigned raised;
-    gx_launch<N>(k_gvt<TT, N>, &raised, GX_WARPS * 8, (size_t)GX_WARPS * GT_S * 8 * GT_RS, TT, m, n, st);
+    gt_set<N> set;
+    for (int i = 0; i < n; i++)
+        if (!gt_map(&m[i].w, &set.map[i])) {
+            launch_gemv<WF_MXFP4, TT, N>(m, n, st);
+            return;
+        }
+    gx_launch<N>(k_gvt<TT, N>, &raised, GX_WARPS * 8, (size_t)GX_WARPS * GT_S * GT_STAGE + 1024, TT, m, n, st, set);
 }
 
 /* one launch of k_gemv (or k_gvx, k_gvt) for n <= CUDAK_SET products of T <= 8, its token tile the
