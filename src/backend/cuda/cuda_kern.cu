@@ -369,27 +369,38 @@ template <int TT> __device__ __forceinline__ void load_xv8(const float *xp, int 
     }
 }
 
+/* (-0, +0) as a BF16 pair, nib_pairs' addend, read from constant memory: given as a literal,
+ * ptxas rebuilt it for every FMA (an HFMA2 and a PRMT each, and MXFP4 at T = 1 fell from 0.62 to
+ * 0.42 of the copy bandwidth; bench/results/cuda.md, 2026-12-06) */
+__constant__ uint32_t nib_addend = 0x80000000u;
+
 /* MXFP4's codes of one word two at a time, for d_nib's one-multiply case (FAST): nibbles n and
  * n + 4 (bits 4n and 4n + 16) become the two halves of a BF16 pair, each its code's value times
  * 2^-126 as in d_nib but at BF16's bits (the magnitude at 6-8, the sign at 15). Masking the two
  * nibbles and one product by 2^a + 2^(a + 6) places both copies without carries (the magnitude's
- * copy at 6-9, the sign's at 12-15); a BF16 multiply by sc x 2^126 gives both values times sc,
- * exact as d_nib's (value x sc has two significant bits, at least 2^-128: a BF16, subnormal or
- * not, and the multiply keeps subnormals); each half is then its float's top 16 bits. Six
- * instructions a pair and a shift a word, two or three of them on the FMA pipe, where d_nib takes
- * four an element, three on the ALU: it pays where the issue slots bind (k_gvt), not in k_gvx,
- * which its L1 binds (bench/results/cuda.md). s2: sc x 2^126 as BF16, in both halves; v[n]:
+ * copy at 6-9, the sign's at 12-15). Then one BF16 FMA an element gives its float: the pair (or
+ * its low half twice) times s0 (sc x 2^126 in the high half, +0 in the low) plus (-0, +0). The
+ * high half is the value times sc, exact as d_nib's (two significant bits, at least 2^-128: a
+ * BF16, subnormal or not, which the FMA keeps; adding -0 keeps a -0), and the low half is
+ * +-0 + +0 = +0, so the register is that value as a float. Five instructions a pair and a shift a
+ * word, where d_nib takes four an element: it pays where the issue slots bind (k_gvt). v[n]:
  * nibble n's value times sc. */
-__device__ __forceinline__ void nib_pairs(uint32_t word, uint32_t s2, float (&v)[8])
+__device__ __forceinline__ void nib_pairs(uint32_t word, uint32_t s0, float (&v)[8])
 {
     const uint32_t w8 = word >> 8;
 #pragma unroll
     for (int n = 0; n < 4; n++) {
         uint32_t a = (n < 2 ? word : w8) & (n % 2 ? 0x00F000F0u : 0x000F000Fu);
-        uint32_t p = a * (n % 2 ? 0x104u : 0x1040u) & 0x81C081C0u, m;
-        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(s2));
-        v[n] = __uint_as_float(m << 16);
-        v[n + 4] = __uint_as_float(m & 0xFFFF0000u);
+        uint32_t p = a * (n % 2 ? 0x104u : 0x1040u) & 0x81C081C0u, lo, hi;
+        asm("{ .reg .b16 l, h; .reg .b32 ll;\n\t"
+            "mov.b32 {l, h}, %2;\n\t"
+            "mov.b32 ll, {l, l};\n\t"
+            "fma.rn.bf16x2 %0, ll, %3, %4;\n\t"
+            "fma.rn.bf16x2 %1, %2, %3, %4; }"
+            : "=r"(lo), "=r"(hi)
+            : "r"(p), "r"(s0), "r"(nib_addend));
+        v[n] = __uint_as_float(lo);
+        v[n + 4] = __uint_as_float(hi);
     }
 }
 
@@ -422,12 +433,13 @@ __device__ __forceinline__ void nib_one(uint32_t word, float sc, float s126, con
     }
 }
 
-/* nib_group for MXFP4 in d_nib's one-multiply case, by pairs: s2, the BF16 pair of sc x 2^126 */
+/* nib_group for MXFP4 in d_nib's one-multiply case, by pairs: s0, sc x 2^126 as a BF16 in the
+ * high half and +0 in the low (a power of two's float bits) */
 template <int TT>
-__device__ __forceinline__ void nib_group_pairs(uint32_t word, uint32_t s2, const float (&xv)[TT][8], float (&acc)[4][TT])
+__device__ __forceinline__ void nib_group_pairs(uint32_t word, uint32_t s0, const float (&xv)[TT][8], float (&acc)[4][TT])
 {
     float v[8];
-    nib_pairs(word, s2, v);
+    nib_pairs(word, s0, v);
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -444,7 +456,7 @@ __device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, c
                                           float (&acc)[4][TT])
 {
     if constexpr (FMT == WF_MXFP4 && FAST)
-        nib_group_pairs<TT>(word, __byte_perm(__float_as_uint(s126), 0u, 0x3232u), xv, acc);
+        nib_group_pairs<TT>(word, __float_as_uint(s126), xv, acc);
     else
         nib_one<FMT, FAST, TT>(word, sc, s126, xv, acc);
 }
@@ -676,13 +688,14 @@ template <int TT>
 __device__ __forceinline__ void gx_stage_x(float *xs, const float *x, size_t ldx, int T, int cols)
 {
     constexpr int NT = 32 * GX_WARPS; /* the block's threads */
-    for (int e = 4 * (int)threadIdx.x; e < TT * cols; e += 4 * NT) {
-        int k = e / cols, c = e % cols;
-        if (k < T)
-            __pipeline_memcpy_async(xs + e, x + (size_t)k * ldx + c, 16);
-        else
-            *(float4 *)(xs + e) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+#pragma unroll
+    for (int k = 0; k < TT; k++)
+        for (int c = 4 * (int)threadIdx.x; c < cols; c += 4 * NT) {
+            if (k < T)
+                __pipeline_memcpy_async(xs + (size_t)k * cols + c, x + (size_t)k * ldx + c, 16);
+            else
+                *(float4 *)(xs + (size_t)k * cols + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
@@ -836,28 +849,39 @@ template <int N> struct gt_set : gv_set<N> {
     CUtensorMap map[N];
 };
 
-/* Block copy into a stage: the warp's eight rows from row y, bytes x .. x + 255, arriving on bar
- * as two swizzled halves of 8 x 128 bytes, 1024 bytes apart; one thread calls. */
-__device__ __forceinline__ void gt_issue(uint64_t *bar, uint8_t *dst, const CUtensorMap *map, int x, int y)
+/* Block copy into a stage (at shared address dst): the warp's eight rows from row y, bytes
+ * x .. x + 255, arriving on the mbarrier at shared address bar as two swizzled halves of 8 x 128
+ * bytes, 1024 bytes apart; one thread calls. */
+__device__ __forceinline__ void gt_issue(uint32_t bar, uint32_t dst, const CUtensorMap *map, int x, int y)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(GT_STAGE) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(GT_STAGE) : "memory");
 #pragma unroll
     for (int half = 0; half < 2; half++)
         asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-                         smem_u32(dst + half * 1024)),
-                     "l"((uint64_t)map), "r"(x + 128 * half), "r"(y), "r"(smem_u32(bar))
+                         dst + half * 1024),
+                     "l"((uint64_t)map), "r"(x + 128 * half), "r"(y), "r"(bar)
                      : "memory");
 }
 
-/* until bar's phase of the given parity has completed (the thread suspended meanwhile) */
-__device__ __forceinline__ void gt_wait(uint64_t *bar, uint32_t parity)
+/* until the mbarrier at shared address bar has completed its phase of the given parity (the
+ * thread suspended meanwhile) */
+__device__ __forceinline__ void gt_wait(uint32_t bar, uint32_t parity)
 {
     uint32_t done = 0;
     while (!done)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity), "r"(0x989680u)
+                     : "r"(bar), "r"(parity), "r"(0x989680u)
                      : "memory");
+}
+
+/* PTX's prmt: bytes of {b, a} by the selector's nibbles, a nibble's top bit replicating the chosen
+ * byte's sign (which __byte_perm does not promise) */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
 }
 
 template <int TT, int N>
@@ -884,13 +908,18 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
     uint8_t *stg = sm + (size_t)warp * GT_S * GT_STAGE;
     float *xs = (float *)(sm + (size_t)GX_WARPS * GT_S * GT_STAGE);
     const uint8_t *scp = w.scale + (size_t)(r < r1 ? r : r1 - 1) * w.scale_stride;
+    /* shared addresses, kept in registers across the loop: the warp's mbarriers and stages, and
+     * the thread's word of group 0 in stage 0 (row rw, word h); the row's address has bits 4-6
+     * clear, so chunk c's (swizzled to c ^ rw) is wq0 | rw << 4 ^ c << 4, one instruction a group */
+    const uint32_t bar0 = smem_u32(&bars[warp][0]), stg0 = smem_u32(stg);
+    const uint32_t wq0 = (stg0 + rw * 128 + 4 * h) | (uint32_t)rw << 4;
     if (tl == 0) {
 #pragma unroll
         for (int s = 0; s < GT_S; s++)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[warp][s])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int s = 0; s < GT_S && s < nblk; s++)
-            gt_issue(&bars[warp][s], stg + (size_t)s * GT_STAGE, map, 256 * s, rbase);
+            gt_issue(bar0 + 8 * s, stg0 + s * GT_STAGE, map, 256 * s, rbase);
     }
     gx_stage_x<TT>(xs, x, ldx, T, cols);
     float acc[4][TT];
@@ -900,21 +929,24 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
         for (int k = 0; k < TT; k++)
             acc[i][k] = 0.0f;
     uint4 sc_next = __ldg((const uint4 *)scp); /* the row's scales of the next block, a byte a group */
-    for (int b = 0; b < nblk; b++) {
+    /* block b's stage (b % 2) as its mbarrier, its copy's destination and the thread's word there,
+     * and the next stage's, swapped after each block: carried through the loop, they are not
+     * recomputed from the shared window's base at every block (ptxas did, 0.2 instructions an
+     * element); parity, the stage's phase */
+    static_assert(GT_S == 2, "the stages alternate");
+    uint32_t bar = bar0, dst = stg0, wq = wq0, bar_n = bar0 + 8, dst_n = stg0 + GT_STAGE, wq_n = wq0 + GT_STAGE;
+    uint32_t parity = 0;
+    const float *xb = xs + 8 * h; /* the thread's activations of block b */
+    for (int b = 0; b < nblk; b++, xb += 512) {
         const uint4 s = sc_next;
         if (b + 1 < nblk)
             sc_next = __ldg((const uint4 *)(scp + (size_t)(b + 1) * 16));
-        const int st = b % GT_S;
-        gt_wait(&bars[warp][st], (uint32_t)(b / GT_S) & 1u);
-        /* the thread's word of group g: half g / 8, row rw, chunk (g % 8) ^ rw, word h; the row's
-         * address has bits 4-6 clear, so chunk c's is wq ^ c << 4, one instruction a group */
-        const uint32_t wq = smem_u32(stg + (size_t)st * GT_STAGE + rw * 128 + 4 * h) | (uint32_t)rw << 4;
-        const float *xb = xs + (size_t)b * 512 + 8 * h;
+        gt_wait(bar, parity);
         const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
-        /* FAST: group g's scale byte e + 126 is below 254 (no carry between the bytes); its BF16
-         * pair (e + 126) << 7, twice, is one byte permute of these: bit 0 of each byte moved to bit
-         * 7 (blo), and the rest shifted down (bhi). About two instructions a group fewer than
-         * forming it from s126 (measured 0.59 -> 0.61, bench/results/cuda.md). */
+        /* FAST: group g's scale byte e + 126 is below 254 (no carry between the bytes); nib_pairs'
+         * s0, the float bits (e + 126) << 23, is one byte permute of these: bit 0 of each byte
+         * moved to bit 7 (blo) and the rest shifted down (bhi), whose top bits are clear, so that
+         * replicating one's sign gives the low half's zero bytes. */
         uint32_t blo[4], bhi[4];
 #pragma unroll
         for (int v = 0; v < 4; v++) {
@@ -933,8 +965,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
                     *(const uint32_t *)((const uint8_t *)__cvta_shared_to_generic(wq ^ (g % 8) << 4) + (g / 8) * 1024);
                 if constexpr (FAST) {
                     const uint32_t j = g % 4;
-                    nib_group_pairs<TT>(word, __byte_perm(blo[g / 4], bhi[g / 4], j | (4 + j) << 4 | j << 8 | (4 + j) << 12),
-                                        xv, acc);
+                    nib_group_pairs<TT>(word, prmt(blo[g / 4], bhi[g / 4], 0xCCu | j << 8 | (4 + j) << 12), xv, acc);
                 } else {
                     uint32_t sb8 = (sw[g / 4] >> (8 * (g % 4))) & 0xFFu;
                     nib_group<WF_MXFP4, false, TT>(word, d_e8m0(sb8), 0.0f, xv, acc);
@@ -947,7 +978,12 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
             groups(std::false_type());
         __syncwarp(); /* every lane is done with the stage before the copy engine refills it */
         if (tl == 0 && b + GT_S < nblk)
-            gt_issue(&bars[warp][st], stg + (size_t)st * GT_STAGE, map, 256 * (b + GT_S), rbase);
+            gt_issue(bar, dst, map, 256 * (b + GT_S), rbase);
+        uint32_t t;
+        t = bar, bar = bar_n, bar_n = t;
+        t = dst, dst = dst_n, dst_n = t;
+        t = wq, wq = wq_n, wq_n = t;
+        parity ^= (uint32_t)b & 1u;
     }
     quad_store<TT>(acc, r, r0, r1, T, y, ldy);
 }
