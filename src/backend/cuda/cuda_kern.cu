@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(16 * RG * TGN)
  * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
  * the activations cost more than they saved (bench/results/cuda.md). (INT4 at T = 1 now takes
- * k_gvx below wherever it fits, and MXFP4 at T <= 2 k_gvt: the same lanes.) The block's
+ * k_gvx below wherever it fits, and MXFP4 at T <= 4 k_gvt: the same lanes.) The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -828,7 +828,7 @@ template <int FMT, int TT, int N> static void launch_gvx(const cudak_mm *m, int 
     gx_launch<N>(k_gvx<FMT, TT, N>, &raised, GX_WARPS * 32 / GX_TPR, 0, TT, m, n, st, set);
 }
 
-/* MXFP4 at T <= 2, the weights staged by the copy engine (k_gvt): k_gvx's lanes and order, but a
+/* MXFP4 at T <= 4, the weights staged by the copy engine (k_gvt): k_gvx's lanes and order, but a
  * warp's eight rows of a column block (256 bytes each) come into shared memory by two tensor copies
  * (cp.async.bulk.tensor, 128 bytes x 8 rows each, through the matrix's tensor map), the next
  * block's while this one is reduced (GT_S stages a warp, each with its own mbarrier; a warp's
@@ -1029,16 +1029,19 @@ template <int TT, int N> static void launch_gvt(const cudak_mm *m, int n, cudaSt
 template <int FMT, int N> static void gemv_tt(const cudak_mm *m, int n, int T, cudaStream_t st)
 {
     if constexpr (FMT == WF_MXFP4 || FMT == WF_INT4G32) {
-        /* INT4 at T = 2 measured slower in k_gvx on one expert shape (bench/results/cuda.md) */
-        bool fits = T == 1 || (FMT == WF_MXFP4 && T == 2);
+        /* INT4 at T = 2 measured slower in k_gvx on one expert shape; MXFP4 at T = 3 and 4 takes
+         * k_gvt where four tokens' activations fit, the expert shapes (bench/results/cuda.md) */
+        bool fits = T == 1 || (FMT == WF_MXFP4 && T <= 4);
         for (int i = 0; i < n && fits; i++)
-            fits = T == 1 ? gx_fits<1>(&m[i]) : gx_fits<2>(&m[i]);
+            fits = T == 1 ? gx_fits<1>(&m[i]) : T == 2 ? gx_fits<2>(&m[i]) : gx_fits<4>(&m[i]);
         if (fits) {
             if constexpr (FMT == WF_MXFP4) {
                 if (T == 1)
                     launch_gvt<1, N>(m, n, st);
-                else
+                else if (T == 2)
                     launch_gvt<2, N>(m, n, st);
+                else
+                    launch_gvt<4, N>(m, n, st);
             } else {
                 launch_gvx<FMT, 1, N>(m, n, st);
             }
