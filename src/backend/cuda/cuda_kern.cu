@@ -908,9 +908,9 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
     uint8_t *stg = sm + (size_t)warp * GT_S * GT_STAGE;
     float *xs = (float *)(sm + (size_t)GX_WARPS * GT_S * GT_STAGE);
     const uint8_t *scp = w.scale + (size_t)(r < r1 ? r : r1 - 1) * w.scale_stride;
-    /* shared addresses, kept in registers across the loop: the warp's mbarriers and stages, and
-     * the thread's word of group 0 in stage 0 (row rw, word h); the row's address has bits 4-6
-     * clear, so chunk c's (swizzled to c ^ rw) is wq0 | rw << 4 ^ c << 4, one instruction a group */
+    /* shared addresses: the warp's mbarriers and stages, and wq0, the thread's word h of row rw in
+     * stage 0 with rw in bits 4-6 (the row's address has them clear), so that its word of chunk c,
+     * swizzled to chunk c ^ rw, is at wq0 ^ c << 4: one instruction a group */
     const uint32_t bar0 = smem_u32(&bars[warp][0]), stg0 = smem_u32(stg);
     const uint32_t wq0 = (stg0 + rw * 128 + 4 * h) | (uint32_t)rw << 4;
     if (tl == 0) {
