@@ -224,6 +224,11 @@ static int compare_ops(const kern_ops *a, const kern_ops *b, int fmt, int rows, 
     return ok;
 }
 
+int kern_test_matmul_case(const kern_ops *k, int fmt, int rows, int cols, int T, uint64_t seed)
+{
+    return compare_ops(&kern_scalar, k, fmt, rows, cols, T, seed);
+}
+
 void kern_test_matches_scalar(const kern_ops *k)
 {
     if (!k) {

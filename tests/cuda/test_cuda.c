@@ -162,6 +162,26 @@ TEST(kern_cuda_matches_scalar) { kern_test_matches_scalar(cuda_ops()); }
 
 TEST(kern_cuda_elementwise) { kern_test_elementwise(cuda_ops()); }
 
+/* cudak_matmul's prefill tiles (k_mmx) take 64-row blocks only where those fill half the SMs, and
+ * kern_cuda_matches_scalar's matrices have at most 130 rows: here one block more than the SMs, and
+ * a ragged end, so that the 64-row blocks run for every format, with partial column stages. */
+TEST(kern_cuda_matmul_wide)
+{
+    const kern_ops *k = cuda_ops();
+    int sms = 0;
+    if (!k || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+        test_skip("no CUDA device");
+        return;
+    }
+    int rows = 64 * sms + 37;
+    static const int cols[] = {96, 160}, toks[] = {25, 70};
+    for (int fmt = 0; fmt < WF_COUNT; fmt++)
+        for (int c = 0; c < 2; c++)
+            for (int t = 0; t < 2; t++)
+                CHECKF(kern_test_matmul_case(k, fmt, rows, cols[c], toks[t], 300 + 4 * c + t),
+                       "cuda %s rows %d cols %d T %d differs from scalar", wfmt_table[fmt].name, rows, cols[c], toks[t]);
+}
+
 /* ---- whole passes: the CUDA backend against the CPU's, memcmp ---- */
 
 #include "backend/cuda/backend_cuda.h"
