@@ -251,9 +251,12 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
 
 /* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x MX_BT tokens a block, all 16 lanes of
  * seq16 in it, so that each weight and activation staged serves every lane's thread that needs it.
- * A lane's TPL = 4 RGN threads each hold an 8-row x 8-token tile (sub: RGN row groups x 4 token
- * groups), 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so that a warp's
- * threads read few distinct shared words and most reads are broadcasts. Columns go in stages of
+ * A lane's TPL = 4 RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x 4 token groups),
+ * 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so that a warp's threads
+ * read few distinct shared words and most reads are broadcasts. Row group g is rows 4g .. 4g + 3
+ * and BR / 2 + 4g .. + 3: the RGN groups' 16-byte reads of a stage line then fall in distinct
+ * banks (8 consecutive rows a group put two groups on every bank: ncu counted 40% of the shared
+ * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them). Columns go in stages of
  * MX_KC, decoded and transposed into shared memory (column-major in lane order: lane l's s-th
  * column of a stage is line 16 s + l, the block's rows side by side), two stages in turn: each
  * thread loads the next stage from memory into registers before it reduces this one, and stores it
@@ -312,7 +315,7 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
             xs[lane_pos<FMT>(xc + i) * D::XLD + xt] = xn[i];
     };
     auto step = [&](const float *wp, const float *xp) {
-        float4 w0 = *(const float4 *)wp, w1 = *(const float4 *)(wp + 4);
+        float4 w0 = *(const float4 *)wp, w1 = *(const float4 *)(wp + D::BR / 2);
         float4 x0 = *(const float4 *)xp, x1 = *(const float4 *)(xp + 4);
         float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
         float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
@@ -331,7 +334,7 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         if (st + 1 < nst)
             load(c0 + MX_KC);
         const float *ws = sm + (st & 1) * D::STAGE;
-        const float *wp = ws + lane * D::WLD + rg * 8, *xp = ws + MX_KC * D::WLD + lane * D::XLD + tg * 8;
+        const float *wp = ws + lane * D::WLD + rg * 4, *xp = ws + MX_KC * D::WLD + lane * D::XLD + tg * 8;
         if (c0 + MX_KC <= cols) {
 #pragma unroll
             for (int s = 0; s < MX_KC / 16; s++)
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                int r = rbase + rg * 8 + j, t = tbase + tg * 8 + k;
+                int r = rbase + rg * 4 + (j & 3) + (j >> 2) * (D::BR / 2), t = tbase + tg * 8 + k;
                 if (r < r1 && t < T)
                     y[(size_t)t * ldy + (size_t)(r - r0)] = acc[j][k];
             }
