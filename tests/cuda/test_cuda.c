@@ -179,7 +179,8 @@ TEST(kern_cuda_matmul_wide)
         for (int c = 0; c < 2; c++)
             for (int t = 0; t < 2; t++)
                 CHECKF(kern_test_matmul_case(k, fmt, rows, cols[c], toks[t], 300 + 4 * c + t),
-                       "cuda %s rows %d cols %d T %d differs from scalar", wfmt_table[fmt].name, rows, cols[c], toks[t]);
+                       "cuda %s rows %d cols %d T %d differs from scalar", wfmt_table[fmt].name, rows, cols[c],
+                       toks[t]);
 }
 
 /* ---- whole passes: the CUDA backend against the CPU's, memcmp ---- */

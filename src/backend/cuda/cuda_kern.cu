@@ -254,16 +254,16 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
  * A lane's TPL = 4 RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x 4 token groups),
  * 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so that a warp's threads
  * read few distinct shared words and most reads are broadcasts. Row group g is rows 4g .. 4g + 3
- * and BR / 2 + 4g .. + 3: the RGN groups' 16-byte reads of a stage line then fall in distinct
- * banks (8 consecutive rows a group put two groups on every bank: ncu counted 40% of the shared
- * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them). Columns go in stages of
- * MX_KC, decoded and transposed into shared memory (column-major in lane order: lane l's s-th
- * column of a stage is line 16 s + l, the block's rows side by side), two stages in turn: each
- * thread loads the next stage from memory into registers before it reduces this one, and stores it
- * after. A step reads a thread's 8 weights and 8 activations as four 16-byte words and makes 64
- * FMAs. At the end the lanes are added in seq16's tree through shared memory (lanes h .. 2h - 1
- * give their sums to lanes 0 .. h - 1, h = 8, 4, 2, 1) and lane 0 stores. Same invariant as
- * k_matmul: a lane adds its own columns < cols, in order. */
+ * and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line fall in distinct banks
+ * (with 8 consecutive rows a group, two groups shared every bank: ncu counted 40% of the shared
+ * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them).
+ * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
+ * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side), two
+ * stages in turn: each thread loads the next stage from memory into registers before it reduces
+ * this one, and stores it after. A step reads a thread's 8 weights and 8 activations as four
+ * 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's tree through shared
+ * memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2, 1) and lane 0 stores.
+ * Same invariant as k_matmul: a lane adds its own columns < cols, in order. */
 enum { MX_BT = 32, MX_KC = 64 };
 template <int RGN> struct mx_dims {
     static constexpr int BR = 8 * RGN, TPL = 4 * RGN, NT = 16 * TPL;
