@@ -147,7 +147,7 @@ CUDA_TEST_OBJ := $(BUILD)/tests/test_main.o $(BUILD)/tests/test_kernels.o $(BUIL
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_OBJ) $(BASE_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) $(TEST_WRAP) -o $@ $^ $(LDLIBS) $(if $(filter 1,$(CUDA)),,$(CUDA_LIBS))
-$(BUILD)/cuda/bench_cuda: $(BUILD)/bench/cuda/bench_cuda.o $(BUILD)/src/backend/cuda/cuda_kern.o $(BUILD)/src/kernels/dtype.o $(BUILD)/src/base/err.o
+$(BUILD)/cuda/bench_cuda: $(BUILD)/bench/cuda/bench_cuda.o $(BUILD)/src/backend/cuda/cuda_kern.o $(BUILD)/src/backend/cuda/cuda_mm.o $(BUILD)/src/kernels/dtype.o $(BUILD)/src/base/err.o
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(BASEFLAGS) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) -lm -lpthread
 cuda-compile: $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda

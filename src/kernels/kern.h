@@ -27,10 +27,10 @@
  * row-times-vector product has one defined value for every format. The scalar table is the
  * definition (it spells the orders out literally); the AVX2, AVX-512 and NEON tables must and do
  * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
- * logits identical across machines. The CUDA kernels (src/backend/cuda/cuda_kern.cu) compute the
- * same orders and are held to the scalar table by the same tests; no operation is exempt on the
- * GPU (tensor cores are not used: their accumulation order is not seq16's). The one exception is
- * which NaN: a result that is NaN (a NaN
+ * logits identical across machines. The CUDA kernels (src/backend/cuda/cuda_kern.cu and
+ * cuda_mm.cu) compute the same orders and are held to the scalar table by the same tests; no
+ * operation is exempt on the GPU (tensor cores are not used: their accumulation order is not
+ * seq16's). The one exception is which NaN: a result that is NaN (a NaN
  * weight, such as MXFP4's scale byte 255, or inf - inf) is NaN on every table and path, but its
  * sign and payload are not part of the contract (x86 passes on the first NaN operand, and the
  * kernels order FMA operands differently); the tests accept any NaN for a NaN.

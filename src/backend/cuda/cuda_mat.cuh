@@ -1,0 +1,160 @@
+/* cuda_mat.cuh — what the CUDA matrix kernels share (cuda_kern.cu's decode and verify passes,
+ * cuda_mm.cu's prefill tiles): the exact element decoders (dtype.c's, for the device), seq16's
+ * lane order of a block's columns, the end of a tile (its lanes' tree by shuffles), the dispatch of
+ * a format as a compile-time constant, and the tiles' entry point. */
+#ifndef DF_BACKEND_CUDA_CUDA_MAT_CUH
+#define DF_BACKEND_CUDA_CUDA_MAT_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+extern "C" {
+#include "kernels/kern.h"
+}
+
+/* ---- exact element decoders: dtype.c's, for the device ---- */
+
+__device__ __forceinline__ float d_bf16(uint32_t h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ float d_f16(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    if (exp == 0x1F)
+        return __uint_as_float(sign | 0x7F800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * 5.9604644775390625e-8f; /* 2^-24: exact */
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ float d_e8m0(uint32_t s)
+{
+    if (s == 255)
+        return __uint_as_float(0x7FC00000u);
+    if (s == 0)
+        return __uint_as_float(0x00400000u); /* 2^-127, subnormal */
+    return __uint_as_float(s << 23);
+}
+
+__device__ __forceinline__ float d_e4m3(uint32_t b)
+{
+    uint32_t sign = b >> 7, exp = (b >> 3) & 0xFu, man = b & 7u;
+    float v;
+    if (exp == 0xF && man == 7)
+        return __uint_as_float(0x7FC00000u);
+    if (exp == 0)
+        v = (float)man * 0.001953125f; /* m/8 * 2^-6 */
+    else
+        v = __uint_as_float(((exp + 120) << 23) | (man << 20)); /* (1 + m/8) 2^(exp-7), exact */
+    return sign ? -v : v;
+}
+
+__device__ __forceinline__ float d_e2m1(uint32_t code)
+{
+    /* 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (8 is -0) */
+    uint32_t m = code & 7u;
+    float v = m < 4 ? 0.5f * (float)m : m < 6 ? (float)(m - 2) : m == 6 ? 4.0f : 6.0f;
+    return (code & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float d_group_scale(const kmat &w, int r, int g)
+{
+    const uint8_t *s = w.scale + (size_t)r * w.scale_stride + 2 * (size_t)g;
+    return d_bf16((uint32_t)s[0] | ((uint32_t)s[1] << 8));
+}
+
+/* W[r][i], exactly as dtype.c's decoder for FMT gives it */
+template <int FMT> __device__ __forceinline__ float d_elem(const kmat &w, int r, int i)
+{
+    const uint8_t *p = w.data + (size_t)r * w.row_bytes;
+    if (FMT == WF_F32)
+        return ((const float *)p)[i];
+    if (FMT == WF_F16)
+        return d_f16(((const uint16_t *)p)[i]);
+    if (FMT == WF_BF16)
+        return d_bf16(((const uint16_t *)p)[i]);
+    if (FMT == WF_MXFP4) {
+        uint32_t code = (p[i / 2] >> ((i & 1) * 4)) & 0xFu;
+        return d_e2m1(code) * d_e8m0(w.scale[(size_t)r * w.scale_stride + (size_t)(i / 32)]);
+    }
+    if (FMT == WF_INT4G32) {
+        int q = (int)((p[i / 2] >> ((i & 1) * 4)) & 0xFu) - 8;
+        return (float)q * d_group_scale(w, r, i / 32);
+    }
+    if (FMT == WF_INT8G32)
+        return (float)((const int8_t *)p)[i] * d_group_scale(w, r, i / 32);
+    /* WF_FP8B128 */
+    const float *srow = (const float *)(w.scale + (size_t)(r / 128) * w.scale_stride);
+    return d_e4m3(p[i]) * srow[i / 128];
+}
+
+/* where column c of a block goes in lane order: lane l's s-th column lands at 16 s + l */
+template <int FMT> __device__ __forceinline__ int lane_pos(int c)
+{
+    if (FMT == WF_MXFP4 || FMT == WF_INT4G32)
+        return (c & ~31) | ((c & 1) << 4) | ((c & 31) >> 1);
+    return c;
+}
+
+/* the block column that lane l adds at its step s (the inverse of lane_pos) */
+template <int FMT> __device__ __forceinline__ int lane_col(int l, int s)
+{
+    if (FMT == WF_MXFP4 || FMT == WF_INT4G32)
+        return 32 * (s >> 1) + 2 * l + (s & 1);
+    return 16 * s + l;
+}
+
+/* ---- matrix products ---- */
+
+/* The end of every matrix kernel: each (row, token) of a thread's tile adds its 16 lanes' sums in
+ * seq16's tree (h = 8, 4, 2, 1: acc[j] + acc[j + h], by shuffles within the 16 lanes) and lane 0
+ * stores rows ra .. ra + RT and tokens ta .. ta + TT of them that exist. The whole warp calls. */
+template <int RT, int TT>
+__device__ __forceinline__ void tile_store(float (&acc)[RT][TT], int ra, int ta, int r0, int r1, int T, float *y,
+                                           size_t ldy)
+{
+    int lane = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++) {
+            float v = acc[j][k];
+#pragma unroll
+            for (int h = 8; h >= 1; h /= 2)
+                v = v + __shfl_down_sync(0xFFFFFFFFu, v, h, 16);
+            int r = ra + j, t = ta + k;
+            if (lane == 0 && r < r1 && t < T)
+                y[(size_t)t * ldy + (size_t)(r - r0)] = v;
+        }
+}
+
+/* Calls f with the format as a compile-time constant (std::integral_constant), so that each
+ * format's kernels are instantiated once and chosen here. */
+template <typename F> static void by_format(int fmt, F f)
+{
+    switch (fmt) {
+    case WF_F32:
+        return f(std::integral_constant<int, WF_F32>());
+    case WF_F16:
+        return f(std::integral_constant<int, WF_F16>());
+    case WF_BF16:
+        return f(std::integral_constant<int, WF_BF16>());
+    case WF_MXFP4:
+        return f(std::integral_constant<int, WF_MXFP4>());
+    case WF_INT4G32:
+        return f(std::integral_constant<int, WF_INT4G32>());
+    case WF_FP8B128:
+        return f(std::integral_constant<int, WF_FP8B128>());
+    case WF_INT8G32:
+        return f(std::integral_constant<int, WF_INT8G32>());
+    }
+}
+
+/* cudak_matmul for what k_gemv does not take: T > 8, or rows it cannot read (cuda_mm.cu) */
+void cuda_mm_tiles(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                   cudaStream_t st);
+
+#endif

@@ -1,0 +1,330 @@
+/* cuda_mm.cu — the CUDA matrix products of passes over many tokens (prefill), and of matrices the
+ * decode kernels do not take, in kern.h's seq16 order (cuda_mat.cuh's cuda_mm_tiles).
+ *
+ * Compiled as cuda_kern.cu: -fmad=false, no fast math; every product is one __fmaf_rn.
+ *
+ * Each output's seq16 sums are 16 threads ("lanes"), each holding its lane's partial sums for
+ * every row and token of its register tile, and each summing its own columns in increasing order
+ * with one FMA per column, as kern_scalar.c's row_dot does. The columns are staged through shared
+ * memory: a block's weights are decoded there exactly (cuda_mat.cuh's decoders, dtype.c's) and
+ * its activations copied there, both in lane order, so that lane l's s-th column of a stage is at
+ * 16 s + l (the 4-bit formats' nibble order is a permutation inside each group of 32). After the
+ * last stage the 16 lanes are added in seq16's tree (h = 8, 4, 2, 1): acc[j] + acc[j + h] for
+ * j < h. k_mmx (prefill, aligned rows) holds all 16 lanes of a tile in one block and adds them
+ * through shared memory; k_matmul (the rest) holds them in one warp and adds them by shuffles.
+ *
+ * Invariant: a lane adds exactly its own columns < cols, in order, and nothing else. The tail
+ * skips the columns past the row's end rather than adding zeros, because a sum can be -0 (a tiny
+ * negative product rounded away) and -0 + +0 is +0.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_mat.cuh"
+
+enum { MM_C = 128 };
+
+/* A block of threads computes BR = RG x RT rows times BT = TGN x TT tokens: thread (lane, rg, tg)
+ * holds the lane's sums of rows rg*RT .. +RT and tokens tg*TT .. +TT. Shared rows are padded so
+ * that the two row groups of a warp read different banks. */
+template <int FMT, int RT, int TT, int RG, int TGN>
+__global__ void __launch_bounds__(16 * RG * TGN)
+    k_matmul(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y,
+             size_t ldy)
+{
+    constexpr int BR = RG * RT, BT = TGN * TT, NT = 16 * RG * TGN, WS = MM_C + (RT == 1 ? 16 : 4), XS = MM_C + 4;
+    __shared__ float Ws[BR * WS];
+    __shared__ float Xs[BT * XS];
+    const int tid = threadIdx.x, lane = tid & 15, rg = (tid >> 4) % RG, tg = (tid >> 4) / RG;
+    const int rbase = r0 + blockIdx.x * BR, tbase = blockIdx.y * BT, cols = w.cols;
+    float acc[RT][TT];
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            acc[j][k] = 0.0f;
+    for (int c0 = 0; c0 < cols; c0 += MM_C) {
+        __syncthreads();
+        for (int e = tid; e < BR * MM_C; e += NT) {
+            int rr = e / MM_C, cc = e % MM_C, r = rbase + rr, c = c0 + cc;
+            Ws[rr * WS + lane_pos<FMT>(cc)] = r < r1 && c < cols ? d_elem<FMT>(w, r, c) : 0.0f;
+        }
+        for (int e = tid; e < BT * MM_C; e += NT) {
+            int tt = e / MM_C, cc = e % MM_C, t = tbase + tt, c = c0 + cc;
+            Xs[tt * XS + lane_pos<FMT>(cc)] = t < T && c < cols ? x[(size_t)t * ldx + c] : 0.0f;
+        }
+        __syncthreads();
+        const float *wp = Ws + rg * RT * WS + lane, *xp = Xs + tg * TT * XS + lane;
+        if (c0 + MM_C <= cols) {
+#pragma unroll 8
+            for (int s = 0; s < MM_C / 16; s++) {
+                float wv[RT], xv[TT];
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+                    wv[j] = wp[j * WS + 16 * s];
+#pragma unroll
+                for (int k = 0; k < TT; k++)
+                    xv[k] = xp[k * XS + 16 * s];
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wv[j], xv[k], acc[j][k]);
+            }
+        } else { /* the row's last, partial block: only this lane's columns before the end */
+            for (int s = 0; s < MM_C / 16 && c0 + lane_col<FMT>(lane, s) < cols; s++) {
+#pragma unroll
+                for (int j = 0; j < RT; j++)
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wp[j * WS + 16 * s], xp[k * XS + 16 * s], acc[j][k]);
+            }
+        }
+    }
+    tile_store<RT, TT>(acc, rbase + rg * RT, tbase + tg * TT, r0, r1, T, y, ldy);
+}
+
+/* Columns c .. c + 7 of row r (c a multiple of 8 and c + 7 < cols), exactly as d_elem gives them,
+ * reading the row's bytes once: rows 16-byte aligned (mx_fits), so each read below is aligned. */
+template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r, int c, float (&v)[8])
+{
+    const uint8_t *p = w.data + (size_t)r * w.row_bytes;
+    if (FMT == WF_F32) {
+        float4 a = *(const float4 *)(p + 4 * (size_t)c), b = *(const float4 *)(p + 4 * (size_t)c + 16);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else if (FMT == WF_BF16 || FMT == WF_F16) {
+        uint4 q = *(const uint4 *)(p + 2 * (size_t)c);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = FMT == WF_BF16 ? d_bf16(u[i] & 0xFFFFu) : d_f16(u[i] & 0xFFFFu);
+            v[2 * i + 1] = FMT == WF_BF16 ? d_bf16(u[i] >> 16) : d_f16(u[i] >> 16);
+        }
+    } else if (FMT == WF_MXFP4 || FMT == WF_INT4G32) {
+        uint32_t q = *(const uint32_t *)(p + (size_t)c / 2); /* column c + i: nibble i */
+        float s = FMT == WF_MXFP4 ? d_e8m0(w.scale[(size_t)r * w.scale_stride + (size_t)(c / 32)])
+                                  : d_group_scale(w, r, c / 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t code = (q >> (4 * i)) & 0xFu;
+            v[i] = FMT == WF_MXFP4 ? d_e2m1(code) * s : (float)((int)code - 8) * s;
+        }
+    } else {
+        uint2 q = *(const uint2 *)(p + (size_t)c);
+        float s = FMT == WF_INT8G32 ? d_group_scale(w, r, c / 32)
+                                    : ((const float *)(w.scale + (size_t)(r / 128) * w.scale_stride))[c / 128];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t b = ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu;
+            v[i] = FMT == WF_INT8G32 ? (float)(int8_t)b * s : d_e4m3(b) * s;
+        }
+    }
+}
+
+/* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x MX_BT tokens a block, all 16 lanes of
+ * seq16 in it, so that each weight and activation staged serves every lane's thread that needs it.
+ * A lane's TPL = 4 RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x 4 token groups),
+ * 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so that a warp's threads
+ * read few distinct shared words and most reads are broadcasts. Row group g is rows 4g .. 4g + 3
+ * and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line fall in distinct banks
+ * (with 8 consecutive rows a group, two groups shared every bank: ncu counted 40% of the shared
+ * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them).
+ * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
+ * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side), two
+ * stages in turn: each thread loads the next stage from memory into registers before it reduces
+ * this one, and stores it after. A step reads a thread's 8 weights and 8 activations as four
+ * 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's tree through shared
+ * memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2, 1) and lane 0 stores.
+ * Same invariant as k_matmul: a lane adds its own columns < cols, in order. */
+enum { MX_BT = 32, MX_KC = 64 };
+template <int RGN> struct mx_dims {
+    static constexpr int BR = 8 * RGN, TPL = 4 * RGN, NT = 16 * TPL;
+    static constexpr int WLD = BR + 4, XLD = MX_BT + 4;                    /* stage lines, floats */
+    static constexpr int STAGE = MX_KC * (WLD + XLD);                     /* one stage's floats */
+    static constexpr int RED = 64 * TPL + 16;                              /* a lane's sums in the tree */
+    static constexpr int FLOATS = 2 * STAGE > 8 * RED ? 2 * STAGE : 8 * RED;
+    static constexpr int WN = BR * MX_KC / NT, XN = MX_BT * MX_KC / NT;  /* staged per thread */
+    static_assert(WN == 8 && (XN == 8 || XN == 4), "staging in whole 16-byte pieces");
+};
+
+template <int FMT, int RGN>
+__global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
+    k_mmx(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y, size_t ldy)
+{
+    using D = mx_dims<RGN>;
+    extern __shared__ __align__(16) float sm[];
+    const int tid = threadIdx.x, lane = tid / D::TPL, sub = tid % D::TPL, rg = sub % RGN, tg = sub / RGN;
+    const int rbase = r0 + blockIdx.x * D::BR, tbase = blockIdx.y * MX_BT, cols = w.cols;
+    /* staging: row tid % BR, columns 8 (tid / BR) .. + 7; token tid % 32, columns XN (tid / 32) .. */
+    const int wr = tid % D::BR, wc = tid / D::BR * 8, xt = tid % MX_BT, xc = tid / MX_BT * D::XN;
+    float acc[8][8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            acc[j][k] = 0.0f;
+    float wn[8], xn[D::XN];
+    auto load = [&](int c0) {
+        int r = rbase + wr, t = tbase + xt;
+        if (r < r1 && c0 + wc < cols)
+            d_elem8<FMT>(w, r, c0 + wc, wn);
+        else
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                wn[i] = 0.0f;
+        const float *xp = x + (size_t)t * ldx + c0 + xc;
+#pragma unroll
+        for (int i = 0; i < D::XN; i++)
+            xn[i] = t < T && c0 + xc < cols ? xp[i] : 0.0f;
+    };
+    auto store = [&](int b) {
+        float *ws = sm + b * D::STAGE, *xs = ws + MX_KC * D::WLD;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            ws[lane_pos<FMT>(wc + i) * D::WLD + wr] = wn[i];
+#pragma unroll
+        for (int i = 0; i < D::XN; i++)
+            xs[lane_pos<FMT>(xc + i) * D::XLD + xt] = xn[i];
+    };
+    auto step = [&](const float *wp, const float *xp) {
+        float4 w0 = *(const float4 *)wp, w1 = *(const float4 *)(wp + D::BR / 2);
+        float4 x0 = *(const float4 *)xp, x1 = *(const float4 *)(xp + 4);
+        float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                acc[j][k] = __fmaf_rn(wv[j], xv[k], acc[j][k]);
+    };
+    const int nst = (cols + MX_KC - 1) / MX_KC;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int st = 0; st < nst; st++) {
+        int c0 = st * MX_KC;
+        if (st + 1 < nst)
+            load(c0 + MX_KC);
+        const float *ws = sm + (st & 1) * D::STAGE;
+        const float *wp = ws + lane * D::WLD + rg * 4, *xp = ws + MX_KC * D::WLD + lane * D::XLD + tg * 8;
+        if (c0 + MX_KC <= cols) {
+#pragma unroll
+            for (int s = 0; s < MX_KC / 16; s++)
+                step(wp + 16 * s * D::WLD, xp + 16 * s * D::XLD);
+        } else { /* the row's last, partial stage: only this lane's columns before the end */
+            for (int s = 0; s < MX_KC / 16 && c0 + lane_col<FMT>(lane, s) < cols; s++)
+                step(wp + 16 * s * D::WLD, xp + 16 * s * D::XLD);
+        }
+        if (st + 1 < nst)
+            store((st + 1) & 1);
+        __syncthreads();
+    }
+    for (int h = 8; h >= 1; h >>= 1) { /* seq16's tree: acc[l] + acc[l + h] */
+        if (lane >= h && lane < 2 * h) {
+            float *rp = sm + (lane - h) * D::RED + sub;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    rp[(j * 8 + k) * D::TPL] = acc[j][k];
+        }
+        __syncthreads();
+        if (lane < h) {
+            const float *rp = sm + lane * D::RED + sub;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    acc[j][k] = acc[j][k] + rp[(j * 8 + k) * D::TPL];
+        }
+        __syncthreads();
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int r = rbase + rg * 4 + (j & 3) + (j >> 2) * (D::BR / 2), t = tbase + tg * 8 + k;
+                if (r < r1 && t < T)
+                    y[(size_t)t * ldy + (size_t)(r - r0)] = acc[j][k];
+            }
+}
+
+template <int FMT, int RT, int TT, int RG, int TGN>
+static void launch_mm(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                      cudaStream_t st)
+{
+    constexpr int BR = RG * RT, BT = TGN * TT;
+    dim3 grid((unsigned)((r1 - r0 + BR - 1) / BR), (unsigned)((T + BT - 1) / BT));
+    k_matmul<FMT, RT, TT, RG, TGN><<<grid, 16 * RG * TGN, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+}
+
+/* whether k_mmx takes w: rows 16-byte aligned (d_elem8's reads) and whole 32-column groups */
+static bool mx_fits(const kmat *w)
+{
+    return (uintptr_t)w->data % 16 == 0 && w->row_bytes % 16 == 0 && w->cols % 32 == 0;
+}
+
+/* the current device's SM count, asked once a device */
+static int cuda_sms(void)
+{
+    static int sms[32];
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 32 || !sms[dev]) {
+        int n = 0;
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        if (dev >= 32)
+            return n;
+        sms[dev] = n;
+    }
+    return sms[dev];
+}
+
+template <int FMT, int RGN>
+static void launch_mmx(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                       cudaStream_t st)
+{
+    using D = mx_dims<RGN>;
+    static unsigned raised; /* devices whose limit on shared memory was raised for this kernel */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 32 || !(raised & 1u << dev)) {
+        cudaFuncSetAttribute(k_mmx<FMT, RGN>, cudaFuncAttributeMaxDynamicSharedMemorySize, D::FLOATS * 4);
+        if (dev < 32)
+            raised |= 1u << dev;
+    }
+    dim3 grid((unsigned)((r1 - r0 + D::BR - 1) / D::BR), (unsigned)((T + MX_BT - 1) / MX_BT));
+    k_mmx<FMT, RGN><<<grid, D::NT, D::FLOATS * 4, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+}
+
+/* k_mmx where the rows allow it (T > 8), else k_matmul's tile for T */
+template <int FMT>
+static void tiles_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                      cudaStream_t st)
+{
+    if (T > 8 && mx_fits(w)) {
+        /* 64-row blocks where they are enough to fill half the SMs, else 32-row ones: on the H100 at
+         * T = 16, 3072 rows ran in 87 us in 96 blocks of 32 and 120 us in 48 of 64; at T = 64 or
+         * 12288 rows the 64-row blocks won (bench/results/cuda.md) */
+        if ((long)((r1 - r0 + 63) / 64) * ((T + MX_BT - 1) / MX_BT) >= cuda_sms() / 2)
+            launch_mmx<FMT, 8>(w, r0, r1, x, ldx, T, y, ldy, st);
+        else
+            launch_mmx<FMT, 4>(w, r0, r1, x, ldx, T, y, ldy, st);
+    } else if (T == 1)
+        launch_mm<FMT, 1, 1, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T == 2)
+        launch_mm<FMT, 1, 2, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T <= 4)
+        launch_mm<FMT, 1, 4, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else if (T <= 8)
+        launch_mm<FMT, 1, 8, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else
+        launch_mm<FMT, 4, 8, 8, 4>(w, r0, r1, x, ldx, T, y, ldy, st);
+}
+
+void cuda_mm_tiles(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                   cudaStream_t st)
+{
+    by_format(w->fmt, [&](auto fmt) { tiles_fmt<decltype(fmt)::value>(w, r0, r1, x, ldx, T, y, ldy, st); });
+}
