@@ -71,24 +71,6 @@ template <int FMT> __device__ __forceinline__ float d_code(const uint8_t *rp, in
     return d_e4m3(rp[c]);
 }
 
-/* The 4-bit codes of one shared-memory word (four lanes' bytes, two columns each), decoded in
- * registers, times the group's scale sc: the nibble at bit P. MXFP4: the code's three low bits
- * placed at bits 22-24 and its sign at 31 are exactly its E2M1 value times 2^-126 (a subnormal
- * for 0 and 0.5), so (that x 2^126) x sc is dtype.c's one rounding of value x scale, and so is that
- * x (sc x 2^126) in one multiply whenever sc x 2^126 is a float (sc <= 2: s126, passed by the
- * caller, and FAST). INT4: 2^23 + q - (2^23 + 8) is q - 8 exactly. */
-template <int FMT, int P, bool FAST>
-__device__ __forceinline__ float d_nib(uint32_t word, float sc, float s126)
-{
-    if (FMT == WF_MXFP4) {
-        uint32_t t = word << (28 - P); /* the sign at bit 31, the magnitude at 28-30 */
-        float f = __uint_as_float((uint32_t)((int32_t)t >> 6) & 0x81C00000u);
-        return FAST ? f * s126 : (f * 0x1p126f) * sc;
-    }
-    float q = __uint_as_float(0x4B000000u | ((word >> P) & 0xFu)) - 8388616.0f;
-    return q * sc;
-}
-
 /* the scale of row r's columns col .. col + 31 (1.0 unused for the plain formats) */
 template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int r, int col)
 {

@@ -17,6 +17,7 @@
  * skips the columns past the row's end rather than adding zeros, because a sum can be -0 (a tiny
  * negative product rounded away) and -0 + +0 is +0.
  */
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -104,11 +105,10 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
         uint32_t q = *(const uint32_t *)(p + (size_t)c / 2); /* column c + i: nibble i */
         float s = FMT == WF_MXFP4 ? d_e8m0(w.scale[(size_t)r * w.scale_stride + (size_t)(c / 32)])
                                   : d_group_scale(w, r, c / 32);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t code = (q >> (4 * i)) & 0xFu;
-            v[i] = FMT == WF_MXFP4 ? d_e2m1(code) * s : (float)((int)code - 8) * s;
-        }
+        v[0] = d_nib<FMT, 0, false>(q, s, 0.0f), v[1] = d_nib<FMT, 4, false>(q, s, 0.0f);
+        v[2] = d_nib<FMT, 8, false>(q, s, 0.0f), v[3] = d_nib<FMT, 12, false>(q, s, 0.0f);
+        v[4] = d_nib<FMT, 16, false>(q, s, 0.0f), v[5] = d_nib<FMT, 20, false>(q, s, 0.0f);
+        v[6] = d_nib<FMT, 24, false>(q, s, 0.0f), v[7] = d_nib<FMT, 28, false>(q, s, 0.0f);
     } else {
         uint2 q = *(const uint2 *)(p + (size_t)c);
         float s = FMT == WF_INT8G32 ? d_group_scale(w, r, c / 32)
@@ -130,22 +130,41 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
  * (with 8 consecutive rows a group, two groups shared every bank: ncu counted 40% of the shared
  * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them).
  * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
- * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side), two
- * stages in turn: each thread loads the next stage from memory into registers before it reduces
- * this one, and stores it after. A step reads a thread's 8 weights and 8 activations as four
- * 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's tree through shared
- * memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2, 1) and lane 0 stores.
+ * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side, swizzled
+ * by mx_swz), two stages in turn: each thread loads its piece of the next stage's weights from
+ * memory into registers before it reduces this one, and stores it after; the activations come by
+ * asynchronous copies meanwhile. A warp reads pieces of 4 rows (tokens) from memory, 4 lines a
+ * read: when it read one 16-byte piece of each of 32 rows, and 32 tokens a float at a time, each
+ * read touched 32 lines and the L1 bound the kernel (BF16 at T = 512: 0.26 of the FMA peak, now
+ * 0.38-0.40 on the H100, bench/results/cuda.md). A step reads a thread's 8 weights and 8
+ * activations as four 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's
+ * tree through shared memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2,
+ * 1) and lane 0 stores.
  * Same invariant as k_matmul: a lane adds its own columns < cols, in order. */
 enum { MX_BT = 32, MX_KC = 64 };
 template <int RGN> struct mx_dims {
     static constexpr int BR = 8 * RGN, TPL = 4 * RGN, NT = 16 * TPL;
-    static constexpr int WLD = BR + 4, XLD = MX_BT + 4;                    /* stage lines, floats */
+    static constexpr int WLD = BR, XLD = MX_BT, XOFF = MX_KC * WLD;      /* stage lines, floats */
     static constexpr int STAGE = MX_KC * (WLD + XLD);                     /* one stage's floats */
     static constexpr int RED = 64 * TPL + 16;                              /* a lane's sums in the tree */
     static constexpr int FLOATS = 2 * STAGE > 8 * RED ? 2 * STAGE : 8 * RED;
     static constexpr int WN = BR * MX_KC / NT, XN = MX_BT * MX_KC / NT;  /* staged per thread */
+    static constexpr int XH = MX_KC / XN / 8;                              /* warps a token's columns take */
     static_assert(WN == 8 && (XN == 8 || XN == 4), "staging in whole 16-byte pieces");
 };
+
+/* The stages' swizzle: row (or token) p of line l is stored at p ^ mx_swz(l) of the line. It flips
+ * bits 2-4 only, so each 16-byte group of 4 rows (tokens) a step reads stays whole. Without it the
+ * transposed stores of a warp's 4 rows x 8 column pieces (4 tokens x 8 pieces) would put up to 8
+ * words in one bank; with it every staging store is one wavefront and a step's reads are as before,
+ * for every format and block size (checked by enumerating the warps' addresses). mx_swz is linear
+ * over bits (mx_swz(a | b) = mx_swz(a) ^ mx_swz(b) where a & b = 0), and the lines are multiples of
+ * 32 floats long, so mx_at(a | b, p, ld) = (mx_at(a, p, ld) ^ mx_swz(b)) + b * ld: a thread's part
+ * of an address is computed once and the rest is constants. */
+__device__ __forceinline__ int mx_swz(int l) { return 4 * ((l ^ (l >> 3) ^ (l >> 4)) & 7); }
+
+/* where row (token) p of line l is, in floats from its array's start (lines of ld floats) */
+__device__ __forceinline__ int mx_at(int l, int p, int ld) { return l * ld + (p ^ mx_swz(l)); }
 
 template <int FMT, int RGN>
 __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
@@ -155,40 +174,71 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
     extern __shared__ __align__(16) float sm[];
     const int tid = threadIdx.x, lane = tid / D::TPL, sub = tid % D::TPL, rg = sub % RGN, tg = sub / RGN;
     const int rbase = r0 + blockIdx.x * D::BR, tbase = blockIdx.y * MX_BT, cols = w.cols;
-    /* staging: row tid % BR, columns 8 (tid / BR) .. + 7; token tid % 32, columns XN (tid / 32) .. */
-    const int wr = tid % D::BR, wc = tid / D::BR * 8, xt = tid % MX_BT, xc = tid / MX_BT * D::XN;
+    /* staging: row tid / 8, columns 8 (tid % 8) .. + 7, so that a warp reads whole 128-byte lines of
+     * 4 BF16 rows (32 rows before: a line each); a warp's tokens are 4, each read as 8 (tid % 8) pieces
+     * of XN columns (the 64 columns when XN is 8, half of them when it is 4) */
+    const int wr = tid / 8, wc = tid % 8 * 8;
+    const int xt = (tid >> 5) / D::XH * 4 + (tid & 31) / 8, xc = ((tid >> 5) % D::XH * 8 + tid % 8) * D::XN;
     float acc[8][8];
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int k = 0; k < 8; k++)
             acc[j][k] = 0.0f;
-    float wn[8], xn[D::XN];
+    float wn[8];
     auto load = [&](int c0) {
-        int r = rbase + wr, t = tbase + xt;
+        int r = rbase + wr;
         if (r < r1 && c0 + wc < cols)
             d_elem8<FMT>(w, r, c0 + wc, wn);
         else
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 wn[i] = 0.0f;
-        const float *xp = x + (size_t)t * ldx + c0 + xc;
-#pragma unroll
-        for (int i = 0; i < D::XN; i++)
-            xn[i] = t < T && c0 + xc < cols ? xp[i] : 0.0f;
+    };
+    /* the activations go straight to their places in the stage, 4-byte asynchronous copies (no
+     * registers held over the steps), zeros past T and cols */
+    const float *xrow = x + (size_t)(tbase + xt < T ? tbase + xt : 0) * ldx + xc;
+    const bool xin = tbase + xt < T;
+    /* Stage addresses (floats from a stage's start) by mx_at's split: the thread's part once here,
+     * each index's constant part at its use. Staging: element i of the thread's piece goes to line
+     * lane_pos(wc) | lane_pos(i) (so for XN's pieces). Steps: line 16 s | lane. */
+    const int sw = mx_at(lane_pos<FMT>(wc), wr, D::WLD), sx = D::XOFF + mx_at(lane_pos<FMT>(xc), xt, D::XLD);
+    const int rw = mx_at(lane, rg * 4, D::WLD), rx = D::XOFF + mx_at(lane, tg * 8, D::XLD);
+    /* A stage's addresses are the thread's part plus the stage's start (STAGE floats apart, a
+     * multiple of 32, so the sum keeps the XORs' bits), passed through an empty asm so that the
+     * compiler computes each where it is used rather than holding them all over the loop in
+     * registers (which made the 128-register kernel spill). */
+    auto opaque = [](int v) {
+        asm("" : "+r"(v));
+        return v;
     };
     auto store = [&](int b) {
-        float *ws = sm + b * D::STAGE, *xs = ws + MX_KC * D::WLD;
+        const int a = opaque(sw + b * D::STAGE);
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            ws[lane_pos<FMT>(wc + i) * D::WLD + wr] = wn[i];
-#pragma unroll
-        for (int i = 0; i < D::XN; i++)
-            xs[lane_pos<FMT>(xc + i) * D::XLD + xt] = xn[i];
+        for (int i = 0; i < 8; i++) {
+            const int l = lane_pos<FMT>(i);
+            sm[(a ^ mx_swz(l)) + l * D::WLD] = wn[i];
+        }
     };
-    auto step = [&](const float *wp, const float *xp) {
-        float4 w0 = *(const float4 *)wp, w1 = *(const float4 *)(wp + D::BR / 2);
-        float4 x0 = *(const float4 *)xp, x1 = *(const float4 *)(xp + 4);
+    auto xcopy = [&](int b, int c0) {
+        const int a = opaque(sx + b * D::STAGE);
+        const bool in = xin && c0 + xc < cols;
+#pragma unroll
+        for (int i = 0; i < D::XN; i++) {
+            const int l = lane_pos<FMT>(i);
+            __pipeline_memcpy_async(sm + (a ^ mx_swz(l)) + l * D::XLD, in ? xrow + c0 + i : x, 4, in ? 0 : 4);
+        }
+        __pipeline_commit();
+    };
+    /* step s of the stage whose addresses are aw, ax (rw, rx and the stage): the thread's rows
+     * rg*4 .. + 3 and BR/2 + rg*4 .. + 3, and tokens tg*8 .. + 7, of its lane's s-th column (the
+     * second groups' bit, BR/2 or 4, is clear in rw and rx: one XOR) */
+    auto step = [&](int aw, int ax, int s) {
+        const int z = mx_swz(16 * s);
+        float4 w0 = *(const float4 *)(sm + (aw ^ z) + 16 * s * D::WLD);
+        float4 w1 = *(const float4 *)(sm + (aw ^ z ^ D::BR / 2) + 16 * s * D::WLD);
+        float4 x0 = *(const float4 *)(sm + (ax ^ z) + 16 * s * D::XLD);
+        float4 x1 = *(const float4 *)(sm + (ax ^ z ^ 4) + 16 * s * D::XLD);
         float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
         float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
@@ -199,24 +249,28 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
     };
     const int nst = (cols + MX_KC - 1) / MX_KC;
     load(0);
+    xcopy(0, 0);
     store(0);
+    __pipeline_wait_prior(0);
     __syncthreads();
     for (int st = 0; st < nst; st++) {
         int c0 = st * MX_KC;
-        if (st + 1 < nst)
+        if (st + 1 < nst) {
             load(c0 + MX_KC);
-        const float *ws = sm + (st & 1) * D::STAGE;
-        const float *wp = ws + lane * D::WLD + rg * 4, *xp = ws + MX_KC * D::WLD + lane * D::XLD + tg * 8;
+            xcopy((st + 1) & 1, c0 + MX_KC);
+        }
+        const int aw = opaque(rw + (st & 1) * D::STAGE), ax = opaque(rx + (st & 1) * D::STAGE);
         if (c0 + MX_KC <= cols) {
 #pragma unroll
             for (int s = 0; s < MX_KC / 16; s++)
-                step(wp + 16 * s * D::WLD, xp + 16 * s * D::XLD);
+                step(aw, ax, s);
         } else { /* the row's last, partial stage: only this lane's columns before the end */
             for (int s = 0; s < MX_KC / 16 && c0 + lane_col<FMT>(lane, s) < cols; s++)
-                step(wp + 16 * s * D::WLD, xp + 16 * s * D::XLD);
+                step(aw, ax, s);
         }
         if (st + 1 < nst)
             store((st + 1) & 1);
+        __pipeline_wait_prior(0);
         __syncthreads();
     }
     for (int h = 8; h >= 1; h >>= 1) { /* seq16's tree: acc[l] + acc[l + h] */
