@@ -71,18 +71,6 @@ template <int FMT> __device__ __forceinline__ float d_code(const uint8_t *rp, in
     return d_e4m3(rp[c]);
 }
 
-/* the scale of row r's columns col .. col + 31 (1.0 unused for the plain formats) */
-template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int r, int col)
-{
-    if (FMT == WF_MXFP4)
-        return d_e8m0(__ldg(w.scale + (size_t)r * w.scale_stride + (size_t)(col / 32)));
-    if (FMT == WF_INT4G32 || FMT == WF_INT8G32)
-        return d_group_scale(w, r, col / 32);
-    if (FMT == WF_FP8B128)
-        return __ldg((const float *)(w.scale + (size_t)(r / 128) * w.scale_stride) + col / 128);
-    return 1.0f;
-}
-
 /* Rows per warp and warps per block, measured (bench/results/cuda.md): 8 rows and 2 warps where a
  * row's column block is 512 bytes (the 16- and 32-bit formats), 8 rows and 4 warps where it is 256
  * (the 4- and 8-bit ones, measured faster with more warps). */
@@ -588,20 +576,13 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
 
 /* One launch of k_gvx or k_gvt over the n products m, `per` rows a block, with `fixed` bytes of
  * dynamic shared memory besides the activations (TT x the widest row's floats); set is the
- * kernel's parameter (a gv_set<N>, or one with more fields, which the caller fills). The kernel's
- * shared-memory limit is raised once per instantiation and device (an attribute of the function
- * in the current device's context; beyond 32 devices, at every launch): raised is its own. */
+ * kernel's parameter (a gv_set<N>, or one with more fields, which the caller fills); raised, the
+ * kernel's record for smem_raise. */
 template <int N, typename S, typename K>
 static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT, const cudak_mm *m, int n,
                       cudaStream_t st, S &set)
 {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev >= 32 || !(*raised & 1u << dev)) {
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(fixed + GX_XMAX * 4));
-        if (dev < 32)
-            *raised |= 1u << dev;
-    }
+    smem_raise(kernel, raised, (int)(fixed + GX_XMAX * 4));
     gv_set<N> &base = set;
     base.n = n;
     int nb = 0, cols = 0;

@@ -84,6 +84,18 @@ __device__ __forceinline__ float d_group_scale(const kmat &w, int r, int g)
     return d_bf16((uint32_t)s[0] | ((uint32_t)s[1] << 8));
 }
 
+/* the scale of row r's columns col .. col + 31 (1.0 unused for the plain formats) */
+template <int FMT> __device__ __forceinline__ float d_scale32(const kmat &w, int r, int col)
+{
+    if (FMT == WF_MXFP4)
+        return d_e8m0(__ldg(w.scale + (size_t)r * w.scale_stride + (size_t)(col / 32)));
+    if (FMT == WF_INT4G32 || FMT == WF_INT8G32)
+        return d_group_scale(w, r, col / 32);
+    if (FMT == WF_FP8B128)
+        return __ldg((const float *)(w.scale + (size_t)(r / 128) * w.scale_stride) + col / 128);
+    return 1.0f;
+}
+
 /* W[r][i], exactly as dtype.c's decoder for FMT gives it */
 template <int FMT> __device__ __forceinline__ float d_elem(const kmat &w, int r, int i)
 {
@@ -168,6 +180,20 @@ template <typename F> static void by_format(int fmt, F f)
         return f(std::integral_constant<int, WF_FP8B128>());
     case WF_INT8G32:
         return f(std::integral_constant<int, WF_INT8G32>());
+    }
+}
+
+/* Raises kernel's limit on dynamic shared memory to bytes, once per device: the limit is an
+ * attribute of the function in the current device's context (beyond 32 devices, at every call).
+ * raised: the caller's record of the devices done, one per kernel instantiation. */
+template <typename K> static void smem_raise(K kernel, unsigned *raised, int bytes)
+{
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 32 || !(*raised & 1u << dev)) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (dev < 32)
+            *raised |= 1u << dev;
     }
 }
 

@@ -85,16 +85,21 @@ __global__ void __launch_bounds__(16 * RG * TGN)
     tile_store<RT, TT>(acc, rbase + rg * RT, tbase + tg * TT, r0, r1, T, y, ldy);
 }
 
-/* Columns c .. c + 7 of row r (c a multiple of 8 and c + 7 < cols), exactly as d_elem gives them,
- * reading the row's bytes once: rows 16-byte aligned (mx_fits), so each read below is aligned. */
-template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r, int c, float (&v)[8])
+/* the bytes of 8 columns of a row in FMT (F32: 32, 16-bit: 16, 8-bit: 8, 4-bit: 4) */
+template <int FMT> __host__ __device__ constexpr int mx_piece()
 {
-    const uint8_t *p = w.data + (size_t)r * w.row_bytes;
+    return FMT == WF_F32 ? 32 : FMT == WF_F16 || FMT == WF_BF16 ? 16 : FMT == WF_MXFP4 || FMT == WF_INT4G32 ? 4 : 8;
+}
+
+/* 8 columns of a row from their bytes p (mx_piece<FMT>() of them, aligned to their size) and
+ * their group's scale s (d_scale32's), exactly as d_elem gives them */
+template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, float s, float (&v)[8])
+{
     if (FMT == WF_F32) {
-        float4 a = *(const float4 *)(p + 4 * (size_t)c), b = *(const float4 *)(p + 4 * (size_t)c + 16);
+        float4 a = *(const float4 *)p, b = *(const float4 *)(p + 16);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     } else if (FMT == WF_BF16 || FMT == WF_F16) {
-        uint4 q = *(const uint4 *)(p + 2 * (size_t)c);
+        uint4 q = *(const uint4 *)p;
         uint32_t u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -102,17 +107,13 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
             v[2 * i + 1] = FMT == WF_BF16 ? d_bf16(u[i] >> 16) : d_f16(u[i] >> 16);
         }
     } else if (FMT == WF_MXFP4 || FMT == WF_INT4G32) {
-        uint32_t q = *(const uint32_t *)(p + (size_t)c / 2); /* column c + i: nibble i */
-        float s = FMT == WF_MXFP4 ? d_e8m0(w.scale[(size_t)r * w.scale_stride + (size_t)(c / 32)])
-                                  : d_group_scale(w, r, c / 32);
+        uint32_t q = *(const uint32_t *)p; /* column i: nibble i */
         v[0] = d_nib<FMT, 0, false>(q, s, 0.0f), v[1] = d_nib<FMT, 4, false>(q, s, 0.0f);
         v[2] = d_nib<FMT, 8, false>(q, s, 0.0f), v[3] = d_nib<FMT, 12, false>(q, s, 0.0f);
         v[4] = d_nib<FMT, 16, false>(q, s, 0.0f), v[5] = d_nib<FMT, 20, false>(q, s, 0.0f);
         v[6] = d_nib<FMT, 24, false>(q, s, 0.0f), v[7] = d_nib<FMT, 28, false>(q, s, 0.0f);
     } else {
-        uint2 q = *(const uint2 *)(p + (size_t)c);
-        float s = FMT == WF_INT8G32 ? d_group_scale(w, r, c / 32)
-                                    : ((const float *)(w.scale + (size_t)(r / 128) * w.scale_stride))[c / 128];
+        uint2 q = *(const uint2 *)p;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             uint32_t b = ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu;
@@ -131,12 +132,14 @@ template <int FMT> __device__ __forceinline__ void d_elem8(const kmat &w, int r,
  * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them).
  * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
  * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side, swizzled
- * by mx_swz), two stages in turn: each thread loads its piece of the next stage's weights from
- * memory into registers before it reduces this one, and stores it after; the activations come by
- * asynchronous copies meanwhile. A warp reads pieces of 4 rows (tokens) from memory, 4 lines a
- * read: when it read one 16-byte piece of each of 32 rows, and 32 tokens a float at a time, each
- * read touched 32 lines and the L1 bound the kernel (BF16 at T = 512: 0.26 of the FMA peak, now
- * 0.38-0.40 on the H100, bench/results/cuda.md). A step reads a thread's 8 weights and 8
+ * by mx_swz), two stages in turn. The activations of the next stage come by asynchronous copies
+ * straight to their places while this one is reduced; each thread's piece of the weights comes
+ * raw, two stages ahead, by an asynchronous copy into a slot of its own, and the thread decodes
+ * it from there into the next stage after reducing this one. A warp reads pieces of 4 rows
+ * (tokens) from memory, 4 lines a read: when it read one 16-byte piece of each of 32 rows, and 32
+ * tokens a float at a time, each read touched 32 lines and the L1 bound the kernel; and when the
+ * weights came a stage ahead through registers, the warps waited on them (BF16 at T = 512 on the
+ * H100: 0.26, then 0.38-0.40, now 0.46-0.48 of the FMA peak, bench/results/cuda.md). A step reads a thread's 8 weights and 8
  * activations as four 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's
  * tree through shared memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2,
  * 1) and lane 0 stores.
@@ -147,7 +150,8 @@ template <int RGN> struct mx_dims {
     static constexpr int WLD = BR, XLD = MX_BT, XOFF = MX_KC * WLD;      /* stage lines, floats */
     static constexpr int STAGE = MX_KC * (WLD + XLD);                     /* one stage's floats */
     static constexpr int RED = 64 * TPL + 16;                              /* a lane's sums in the tree */
-    static constexpr int FLOATS = 2 * STAGE > 8 * RED ? 2 * STAGE : 8 * RED;
+    static constexpr int RAW = 32 * NT; /* a raw weight buffer, bytes (8 F32 columns a thread) */
+    static constexpr int FLOATS = 2 * STAGE + RAW / 2 > 8 * RED ? 2 * STAGE + RAW / 2 : 8 * RED;
     static constexpr int WN = BR * MX_KC / NT, XN = MX_BT * MX_KC / NT;  /* staged per thread */
     static constexpr int XH = MX_KC / XN / 8;                              /* warps a token's columns take */
     static_assert(WN == 8 && (XN == 8 || XN == 4), "staging in whole 16-byte pieces");
@@ -185,16 +189,22 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
 #pragma unroll
         for (int k = 0; k < 8; k++)
             acc[j][k] = 0.0f;
-    float wn[8];
-    auto load = [&](int c0) {
-        int r = rbase + wr;
-        if (r < r1 && c0 + wc < cols)
-            d_elem8<FMT>(w, r, c0 + wc, wn);
-        else
+    /* the weights: each thread copies its own piece of a stage (8 columns of row wr) into its own
+     * slot of a raw buffer, two stages ahead, asynchronously, and decodes it from there into the
+     * stage a stage ahead; the piece's group scale is read one stage ahead into a register */
+    constexpr int PB = mx_piece<FMT>();
+    const bool rin = rbase + wr < r1;
+    const uint8_t *wrow = w.data + (size_t)(rin ? rbase + wr : r0) * w.row_bytes + (size_t)wc * PB / 8;
+    uint8_t *raw = (uint8_t *)(sm + 2 * D::STAGE) + tid * PB; /* slots side by side: no bank conflicts */
+    auto wcopy = [&](int rb, int c0) {
+        const bool in = rin && c0 + wc < cols;
+        const uint8_t *src = in ? wrow + (size_t)c0 * PB / 8 : w.data;
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                wn[i] = 0.0f;
+        for (int k = 0; k < PB; k += PB < 16 ? PB : 16)
+            __pipeline_memcpy_async(raw + rb * D::RAW + k, src + k, PB < 16 ? PB : 16, in ? 0 : (PB < 16 ? PB : 16));
+        __pipeline_commit();
     };
+    auto scale = [&](int c0) { return rin && c0 + wc < cols ? d_scale32<FMT>(w, rbase + wr, c0 + wc) : 1.0f; };
     /* the activations go straight to their places in the stage, 4-byte asynchronous copies (no
      * registers held over the steps), zeros past T and cols */
     const float *xrow = x + (size_t)(tbase + xt < T ? tbase + xt : 0) * ldx + xc;
@@ -212,12 +222,15 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         asm("" : "+r"(v));
         return v;
     };
-    auto store = [&](int b) {
+    /* raw buffer rb's piece, decoded with scale sc, into stage b */
+    auto store = [&](int b, int rb, float sc) {
+        float v[8];
+        d_piece8<FMT>(raw + rb * D::RAW, sc, v);
         const int a = opaque(sw + b * D::STAGE);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int l = lane_pos<FMT>(i);
-            sm[(a ^ mx_swz(l)) + l * D::WLD] = wn[i];
+            sm[(a ^ mx_swz(l)) + l * D::WLD] = v[i];
         }
     };
     auto xcopy = [&](int b, int c0) {
@@ -230,6 +243,9 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         }
         __pipeline_commit();
     };
+    /* The copies are committed in groups in the order W0, X0, W1, then each stage st: X(st + 1),
+     * W(st + 2) (empty groups past the end), so that waiting for all but the newest group leaves
+     * only W(st + 2) in flight. A thread's raw slot is read by itself only: no barrier for it. */
     /* step s of the stage whose addresses are aw, ax (rw, rx and the stage): the thread's rows
      * rg*4 .. + 3 and BR/2 + rg*4 .. + 3, and tokens tg*8 .. + 7, of its lane's s-th column (the
      * second groups' bit, BR/2 or 4, is clear in rw and rx: one XOR) */
@@ -248,17 +264,24 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
                 acc[j][k] = __fmaf_rn(wv[j], xv[k], acc[j][k]);
     };
     const int nst = (cols + MX_KC - 1) / MX_KC;
-    load(0);
+    wcopy(0, 0);
     xcopy(0, 0);
-    store(0);
-    __pipeline_wait_prior(0);
+    wcopy(1, MX_KC); /* zeros past the end */
+    float sc = scale(0);
+    __pipeline_wait_prior(1);
+    store(0, 0, sc);
     __syncthreads();
     for (int st = 0; st < nst; st++) {
         int c0 = st * MX_KC;
         if (st + 1 < nst) {
-            load(c0 + MX_KC);
             xcopy((st + 1) & 1, c0 + MX_KC);
-        }
+            sc = scale(c0 + MX_KC);
+        } else
+            __pipeline_commit();
+        if (st + 2 < nst)
+            wcopy(st & 1, c0 + 2 * MX_KC);
+        else
+            __pipeline_commit();
         const int aw = opaque(rw + (st & 1) * D::STAGE), ax = opaque(rx + (st & 1) * D::STAGE);
         if (c0 + MX_KC <= cols) {
 #pragma unroll
@@ -268,11 +291,14 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
             for (int s = 0; s < MX_KC / 16 && c0 + lane_col<FMT>(lane, s) < cols; s++)
                 step(aw, ax, s);
         }
-        if (st + 1 < nst)
-            store((st + 1) & 1);
-        __pipeline_wait_prior(0);
+        if (st + 1 < nst) {
+            __pipeline_wait_prior(1);
+            store((st + 1) & 1, (st + 1) & 1, sc);
+        }
         __syncthreads();
     }
+    __pipeline_wait_prior(0); /* a copy of zeros past the end may be in flight over the tree's memory */
+    __syncthreads();
     for (int h = 8; h >= 1; h >>= 1) { /* seq16's tree: acc[l] + acc[l + h] */
         if (lane >= h && lane < 2 * h) {
             float *rp = sm + (lane - h) * D::RED + sub;
@@ -313,7 +339,7 @@ static void launch_mm(const kmat *w, int r0, int r1, const float *x, size_t ldx,
     k_matmul<FMT, RT, TT, RG, TGN><<<grid, 16 * RG * TGN, 0, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
 }
 
-/* whether k_mmx takes w: rows 16-byte aligned (d_elem8's reads) and whole 32-column groups */
+/* whether k_mmx takes w: rows 16-byte aligned (its pieces' copies) and whole 32-column groups */
 static bool mx_fits(const kmat *w)
 {
     return (uintptr_t)w->data % 16 == 0 && w->row_bytes % 16 == 0 && w->cols % 32 == 0;
@@ -340,14 +366,8 @@ static void launch_mmx(const kmat *w, int r0, int r1, const float *x, size_t ldx
                        cudaStream_t st)
 {
     using D = mx_dims<RGN>;
-    static unsigned raised; /* devices whose limit on shared memory was raised for this kernel */
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev >= 32 || !(raised & 1u << dev)) {
-        cudaFuncSetAttribute(k_mmx<FMT, RGN>, cudaFuncAttributeMaxDynamicSharedMemorySize, D::FLOATS * 4);
-        if (dev < 32)
-            raised |= 1u << dev;
-    }
+    static unsigned raised;
+    smem_raise(k_mmx<FMT, RGN>, &raised, D::FLOATS * 4);
     dim3 grid((unsigned)((r1 - r0 + D::BR - 1) / D::BR), (unsigned)((T + MX_BT - 1) / MX_BT));
     k_mmx<FMT, RGN><<<grid, D::NT, D::FLOATS * 4, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
 }
