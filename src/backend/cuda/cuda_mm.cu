@@ -133,16 +133,16 @@ template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, fl
  * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
  * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side, swizzled
  * by mx_swz), two stages in turn. The activations of the next stage come by asynchronous copies
- * straight to their places while this one is reduced; each thread's piece of the weights comes
- * raw, two stages ahead, by an asynchronous copy into a slot of its own, and the thread decodes
- * it from there into the next stage after reducing this one. A warp reads pieces of 4 rows
- * (tokens) from memory, 4 lines a read: when it read one 16-byte piece of each of 32 rows, and 32
- * tokens a float at a time, each read touched 32 lines and the L1 bound the kernel; and when the
- * weights came a stage ahead through registers, the warps waited on them (BF16 at T = 512 on the
- * H100: 0.26, then 0.38-0.40, now 0.46-0.48 of the FMA peak, bench/results/cuda.md). A step reads a thread's 8 weights and 8
- * activations as four 16-byte words and makes 64 FMAs. At the end the lanes are added in seq16's
- * tree through shared memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1, h = 8, 4, 2,
- * 1) and lane 0 stores.
+ * straight to their places while this one is reduced; each thread's piece of the weights comes raw,
+ * two stages ahead, by an asynchronous copy into a slot of its own, and the thread decodes it from
+ * there into the next stage after reducing this one. A warp reads pieces of 4 rows (tokens) from
+ * memory, 4 lines a read: when it read one 16-byte piece of each of 32 rows, and 32 tokens a float
+ * at a time, each read touched 32 lines and the L1 bound the kernel; and when the weights came a
+ * stage ahead through registers, the warps waited on them (BF16 at T = 512 on the H100: 0.26, then
+ * 0.38-0.40, now 0.46-0.48 of the FMA peak, bench/results/cuda.md). A step reads a thread's 8
+ * weights and 8 activations as four 16-byte words and makes 64 FMAs. At the end the lanes are added
+ * in seq16's tree through shared memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1,
+ * h = 8, 4, 2, 1) and lane 0 stores.
  * Same invariant as k_matmul: a lane adds its own columns < cols, in order. */
 enum { MX_BT = 32, MX_KC = 64 };
 template <int RGN> struct mx_dims {
