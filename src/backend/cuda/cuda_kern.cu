@@ -305,12 +305,7 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
     /* one lane per thread: thread (half, lane) holds lane `lane` of rows half * RT .. + RT; four:
      * thread (rs, q) holds lanes 4q .. 4q + 3 of row rs (acc[i] lane 4q + i) */
     const int rs = tl >> 2, q = tl & 3;
-    float acc[RT][TT];
-#pragma unroll
-    for (int j = 0; j < RT; j++)
-#pragma unroll
-        for (int k = 0; k < TT; k++)
-            acc[j][k] = 0.0f;
+    float acc[RT][TT] = {}; /* +0 */
     for (int b = 0; b < nblk; b++) {
         __syncwarp();
 #pragma unroll
@@ -511,14 +506,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvx(const gv_set<N> 
     };
     load(0, wa, sa);
     gx_stage_x<TT>(gx_xs, x, ldx, T, cols);
-    float acc[WPG][4][TT];
-#pragma unroll
-    for (int j = 0; j < WPG; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int k = 0; k < TT; k++)
-                acc[j][i][k] = 0.0f;
+    float acc[WPG][4][TT] = {}; /* +0 */
     /* block blk's 16 groups, its scales s: each group's BF16 */
     auto compute = [&](int blk, const gx_words<WPG>(&buf)[NG], const uint4(&s)[SW]) {
         const float *xb = gx_xs + (size_t)blk * 512 + 2 * LPT * h;
@@ -696,12 +684,7 @@ __global__ void __launch_bounds__(32 * GX_WARPS, GX_MINB) k_gvt(const __grid_con
             gt_issue(bar0 + 8 * s, stg0 + s * GT_STAGE, map, 256 * s, rbase);
     }
     gx_stage_x<TT>(xs, x, ldx, T, cols);
-    float acc[4][TT];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int k = 0; k < TT; k++)
-            acc[i][k] = 0.0f;
+    float acc[4][TT] = {}; /* +0 */
     uint4 sc_next = __ldg((const uint4 *)scp); /* the row's scales of the next block, a byte a group */
     /* block b's stage (b % 2) as its mbarrier, its copy's destination and the thread's word there,
      * and the next stage's, swapped after each block: carried through the loop, they are not
