@@ -164,7 +164,8 @@ TEST(kern_cuda_elementwise) { kern_test_elementwise(cuda_ops()); }
 
 /* cudak_matmul's prefill tiles (k_mmx) take 64-row blocks only where those fill half the SMs, and
  * kern_cuda_matches_scalar's matrices have at most 130 rows: here one block more than the SMs, and
- * a ragged end, so that the 64-row blocks run for every format, with partial column stages. */
+ * a ragged end, so that the 64-row blocks run for every format, with partial column stages, in
+ * tiles of 16 tokens (T = 13) and of 32. */
 TEST(kern_cuda_matmul_wide)
 {
     const kern_ops *k = cuda_ops();
@@ -174,10 +175,10 @@ TEST(kern_cuda_matmul_wide)
         return;
     }
     int rows = 64 * sms + 37;
-    static const int cols[] = {96, 160}, toks[] = {25, 70};
+    static const int cols[] = {96, 160}, toks[] = {13, 25, 70};
     for (int fmt = 0; fmt < WF_COUNT; fmt++)
         for (int c = 0; c < 2; c++)
-            for (int t = 0; t < 2; t++)
+            for (int t = 0; t < 3; t++)
                 CHECKF(kern_test_matmul_case(k, fmt, rows, cols[c], toks[t], 300 + 4 * c + t),
                        "cuda %s rows %d cols %d T %d differs from scalar", wfmt_table[fmt].name, rows, cols[c],
                        toks[t]);

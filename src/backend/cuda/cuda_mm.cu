@@ -122,39 +122,39 @@ template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, fl
     }
 }
 
-/* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x MX_BT tokens a block, all 16 lanes of
- * seq16 in it, so that each weight and activation staged serves every lane's thread that needs it.
- * A lane's TPL = 4 RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x 4 token groups),
- * 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so that a warp's threads
- * read few distinct shared words and most reads are broadcasts. Row group g is rows 4g .. 4g + 3
- * and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line fall in distinct banks
- * (with 8 consecutive rows a group, two groups shared every bank: ncu counted 40% of the shared
- * wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the FMA peak without them).
- * Columns go in stages of MX_KC, decoded and transposed into shared memory (column-major in lane
- * order: lane l's s-th column of a stage is line 16 s + l, the block's rows side by side, swizzled
- * by mx_swz), two stages in turn. The activations of the next stage come by asynchronous copies
- * straight to their places while this one is reduced; each thread's piece of the weights comes raw,
- * two stages ahead, by an asynchronous copy into a slot of its own, and the thread decodes it from
- * there into the next stage after reducing this one. A warp reads pieces of 4 rows (tokens) from
- * memory, 4 lines a read: when it read one 16-byte piece of each of 32 rows, and 32 tokens a float
- * at a time, each read touched 32 lines and the L1 bound the kernel; and when the weights came a
- * stage ahead through registers, the warps waited on them (BF16 at T = 512 on the H100: 0.26, then
- * 0.38-0.40, now 0.46-0.48 of the FMA peak, bench/results/cuda.md). A step reads a thread's 8
- * weights and 8 activations as four 16-byte words and makes 64 FMAs. At the end the lanes are added
- * in seq16's tree through shared memory (lanes h .. 2h - 1 give their sums to lanes 0 .. h - 1,
- * h = 8, 4, 2, 1) and lane 0 stores.
- * Same invariant as k_matmul: a lane adds its own columns < cols, in order. */
-enum { MX_BT = 32, MX_KC = 64 };
-template <int RGN> struct mx_dims {
-    static constexpr int BR = 8 * RGN, TPL = 4 * RGN, NT = 16 * TPL;
-    static constexpr int WLD = BR, XLD = MX_BT, XOFF = MX_KC * WLD;      /* stage lines, floats */
+/* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x BT (16 or 32) tokens a block, all 16
+ * lanes of seq16 in it, so that each weight and activation staged serves every lane's thread that
+ * needs it. A lane's TPL = TG RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x TG =
+ * BT / 8 token groups), 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so
+ * that a warp's threads read few distinct shared words and most reads are broadcasts. Row group g
+ * is rows 4g .. 4g + 3 and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line
+ * fall in distinct banks (with 8 consecutive rows a group, two groups shared every bank: ncu
+ * counted 40% of the shared wavefronts as conflicts, and BF16 at T = 512 went 0.23 -> 0.26 of the
+ * FMA peak without them). Columns go in stages of MX_KC, decoded and transposed into shared memory
+ * (column-major in lane order: lane l's s-th column of a stage is line 16 s + l, the block's rows
+ * side by side, swizzled by mx_swz), two stages in turn. The activations of the next stage come by
+ * asynchronous copies straight to their places while this one is reduced; each thread's piece of
+ * the weights comes raw, two stages ahead, by an asynchronous copy into a slot of its own, and the
+ * thread decodes it from there into the next stage after reducing this one. A warp reads pieces of
+ * 4 rows (tokens) from memory, 4 lines a read: when it read one 16-byte piece of each of 32 rows,
+ * and 32 tokens a float at a time, each read touched 32 lines and the L1 bound the kernel; and when
+ * the weights came a stage ahead through registers, the warps waited on them (BF16 at T = 512 on
+ * the H100: 0.26, then 0.38-0.40, now 0.46-0.48 of the FMA peak, bench/results/cuda.md). A step
+ * reads a thread's 8 weights and 8 activations as four 16-byte words and makes 64 FMAs. At the end
+ * the lanes are added in seq16's tree through shared memory (lanes h .. 2h - 1 give their sums to
+ * lanes 0 .. h - 1, h = 8, 4, 2, 1) and lane 0 stores. Same invariant as k_matmul: a lane adds its
+ * own columns < cols, in order. */
+enum { MX_KC = 64 };
+template <int RGN, int BT> struct mx_dims {
+    static constexpr int TG = BT / 8, BR = 8 * RGN, TPL = TG * RGN, NT = 16 * TPL;
+    static constexpr int WLD = BR, XLD = 32, XOFF = MX_KC * WLD;         /* stage lines, floats */
     static constexpr int STAGE = MX_KC * (WLD + XLD);                     /* one stage's floats */
     static constexpr int RED = 64 * TPL + 16;                              /* a lane's sums in the tree */
-    static constexpr int RAW = 32 * NT; /* a raw weight buffer, bytes (8 F32 columns a thread) */
+    static constexpr int RAW = 32 * 8 * BR; /* a raw weight buffer, bytes (8 F32 columns a piece) */
     static constexpr int FLOATS = 2 * STAGE + RAW / 2 > 8 * RED ? 2 * STAGE + RAW / 2 : 8 * RED;
-    static constexpr int WN = BR * MX_KC / NT, XN = MX_BT * MX_KC / NT;  /* staged per thread */
+    static constexpr int WP = BR * MX_KC / 8 / NT, XN = BT * MX_KC / NT; /* staged per thread */
     static constexpr int XH = MX_KC / XN / 8;                              /* warps a token's columns take */
-    static_assert(WN == 8 && (XN == 8 || XN == 4), "staging in whole 16-byte pieces");
+    static_assert((WP == 1 || WP == 2) && (XN == 8 || XN == 4) && BT <= XLD, "staging in whole pieces");
 };
 
 /* The stages' swizzle: row (or token) p of line l is stored at p ^ mx_swz(l) of the line. It flips
@@ -170,17 +170,18 @@ __device__ __forceinline__ int mx_swz(int l) { return 4 * ((l ^ (l >> 3) ^ (l >>
 /* where row (token) p of line l is, in floats from its array's start (lines of ld floats) */
 __device__ __forceinline__ int mx_at(int l, int p, int ld) { return l * ld + (p ^ mx_swz(l)); }
 
-template <int FMT, int RGN>
-__global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
+template <int FMT, int RGN, int BT>
+__global__ void __launch_bounds__(mx_dims<RGN, BT>::NT, 512 / mx_dims<RGN, BT>::NT)
     k_mmx(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y, size_t ldy)
 {
-    using D = mx_dims<RGN>;
+    using D = mx_dims<RGN, BT>;
     extern __shared__ __align__(16) float sm[];
     const int tid = threadIdx.x, lane = tid / D::TPL, sub = tid % D::TPL, rg = sub % RGN, tg = sub / RGN;
-    const int rbase = r0 + blockIdx.x * D::BR, tbase = blockIdx.y * MX_BT, cols = w.cols;
-    /* staging: row tid / 8, columns 8 (tid % 8) .. + 7, so that a warp reads whole 128-byte lines of
-     * 4 BF16 rows (32 rows before: a line each); a warp's tokens are 4, each read as 8 (tid % 8) pieces
-     * of XN columns (the 64 columns when XN is 8, half of them when it is 4) */
+    const int rbase = r0 + blockIdx.x * D::BR, tbase = blockIdx.y * BT, cols = w.cols;
+    /* staging: row tid / 8 (and BR / 2 + tid / 8 where WP is 2), columns 8 (tid % 8) .. + 7, so that
+     * a warp reads whole 128-byte lines of 4 BF16 rows (32 rows before: a line each); a warp's tokens
+     * are 4, each read as 8 (tid % 8) pieces of XN columns (the 64 columns when XN is 8, half of them
+     * when it is 4) */
     const int wr = tid / 8, wc = tid % 8 * 8;
     const int xt = (tid >> 5) / D::XH * 4 + (tid & 31) / 8, xc = ((tid >> 5) % D::XH * 8 + tid % 8) * D::XN;
     float acc[8][8];
@@ -189,22 +190,31 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
 #pragma unroll
         for (int k = 0; k < 8; k++)
             acc[j][k] = 0.0f;
-    /* the weights: each thread copies its own piece of a stage (8 columns of row wr) into its own
-     * slot of a raw buffer, two stages ahead, asynchronously, and decodes it from there into the
-     * stage a stage ahead; the piece's group scale is read one stage ahead into a register */
-    constexpr int PB = mx_piece<FMT>();
-    const bool rin = rbase + wr < r1;
-    const uint8_t *wrow = w.data + (size_t)(rin ? rbase + wr : r0) * w.row_bytes + (size_t)wc * PB / 8;
+    /* the weights: each thread copies its own pieces of a stage (8 columns of rows wr and wr + BR/2)
+     * into slots of its own of a raw buffer, two stages ahead, asynchronously, and decodes them from
+     * there into the stage a stage ahead; a piece's group scale is read one stage ahead into a
+     * register */
+    constexpr int PB = mx_piece<FMT>(), CH = PB < 16 ? PB : 16;
+    const uint8_t *wrow = w.data + (size_t)(rbase + wr) * w.row_bytes + (size_t)wc * PB / 8;
     uint8_t *raw = (uint8_t *)(sm + 2 * D::STAGE) + tid * PB; /* slots side by side: no bank conflicts */
+    auto win = [&](int k, int c0) { return rbase + wr + k * D::BR / 2 < r1 && c0 + wc < cols; };
     auto wcopy = [&](int rb, int c0) {
-        const bool in = rin && c0 + wc < cols;
-        const uint8_t *src = in ? wrow + (size_t)c0 * PB / 8 : w.data;
 #pragma unroll
-        for (int k = 0; k < PB; k += PB < 16 ? PB : 16)
-            __pipeline_memcpy_async(raw + rb * D::RAW + k, src + k, PB < 16 ? PB : 16, in ? 0 : (PB < 16 ? PB : 16));
+        for (int k = 0; k < D::WP; k++) {
+            const bool in = win(k, c0);
+            const uint8_t *src = in ? wrow + (size_t)k * (D::BR / 2) * w.row_bytes + (size_t)c0 * PB / 8 : w.data;
+#pragma unroll
+            for (int b = 0; b < PB; b += CH)
+                __pipeline_memcpy_async(raw + rb * D::RAW + k * D::NT * PB + b, src + b, CH, in ? 0 : CH);
+        }
         __pipeline_commit();
     };
-    auto scale = [&](int c0) { return rin && c0 + wc < cols ? d_scale32<FMT>(w, rbase + wr, c0 + wc) : 1.0f; };
+    float sc[D::WP];
+    auto scale = [&](int c0) {
+#pragma unroll
+        for (int k = 0; k < D::WP; k++)
+            sc[k] = win(k, c0) ? d_scale32<FMT>(w, rbase + wr + k * D::BR / 2, c0 + wc) : 1.0f;
+    };
     /* the activations go straight to their places in the stage, 4-byte asynchronous copies (no
      * registers held over the steps), zeros past T and cols */
     const float *xrow = x + (size_t)(tbase + xt < T ? tbase + xt : 0) * ldx + xc;
@@ -222,15 +232,19 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         asm("" : "+r"(v));
         return v;
     };
-    /* raw buffer rb's piece, decoded with scale sc, into stage b */
-    auto store = [&](int b, int rb, float sc) {
-        float v[8];
-        d_piece8<FMT>(raw + rb * D::RAW, sc, v);
+    /* raw buffer rb's pieces, decoded with their scales sc, into stage b (piece k's row is wr | k
+     * BR/2: its place is sw's with that bit flipped) */
+    auto store = [&](int b, int rb) {
         const int a = opaque(sw + b * D::STAGE);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int l = lane_pos<FMT>(i);
-            sm[(a ^ mx_swz(l)) + l * D::WLD] = v[i];
+        for (int k = 0; k < D::WP; k++) {
+            float v[8];
+            d_piece8<FMT>(raw + rb * D::RAW + k * D::NT * PB, sc[k], v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int l = lane_pos<FMT>(i);
+                sm[(a ^ mx_swz(l) ^ k * D::BR / 2) + l * D::WLD] = v[i];
+            }
         }
     };
     auto xcopy = [&](int b, int c0) {
@@ -267,15 +281,15 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
     wcopy(0, 0);
     xcopy(0, 0);
     wcopy(1, MX_KC); /* zeros past the end */
-    float sc = scale(0);
+    scale(0);
     __pipeline_wait_prior(1);
-    store(0, 0, sc);
+    store(0, 0);
     __syncthreads();
     for (int st = 0; st < nst; st++) {
         int c0 = st * MX_KC;
         if (st + 1 < nst) {
             xcopy((st + 1) & 1, c0 + MX_KC);
-            sc = scale(c0 + MX_KC);
+            scale(c0 + MX_KC);
         } else
             __pipeline_commit();
         if (st + 2 < nst)
@@ -293,7 +307,7 @@ __global__ void __launch_bounds__(mx_dims<RGN>::NT, 512 / mx_dims<RGN>::NT)
         }
         if (st + 1 < nst) {
             __pipeline_wait_prior(1);
-            store((st + 1) & 1, (st + 1) & 1, sc);
+            store((st + 1) & 1, (st + 1) & 1);
         }
         __syncthreads();
     }
@@ -361,15 +375,29 @@ static int cuda_sms(void)
     return sms[dev];
 }
 
-template <int FMT, int RGN>
+template <int FMT, int RGN, int BT>
 static void launch_mmx(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                        cudaStream_t st)
 {
-    using D = mx_dims<RGN>;
+    using D = mx_dims<RGN, BT>;
     static unsigned raised;
-    smem_raise(k_mmx<FMT, RGN>, &raised, D::FLOATS * 4);
-    dim3 grid((unsigned)((r1 - r0 + D::BR - 1) / D::BR), (unsigned)((T + MX_BT - 1) / MX_BT));
-    k_mmx<FMT, RGN><<<grid, D::NT, D::FLOATS * 4, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+    smem_raise(k_mmx<FMT, RGN, BT>, &raised, D::FLOATS * 4);
+    dim3 grid((unsigned)((r1 - r0 + D::BR - 1) / D::BR), (unsigned)((T + BT - 1) / BT));
+    k_mmx<FMT, RGN, BT><<<grid, D::NT, D::FLOATS * 4, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+}
+
+/* k_mmx's tile for T: 64-row blocks where they are enough to fill half the SMs, else 32-row ones
+ * (on the H100 at T = 16, 3072 rows ran in 87 us in 96 blocks of 32 and 120 us in 48 of 64; at
+ * T = 64 or 12288 rows the 64-row blocks won), of 16 tokens where T fits them (a MoE layer's
+ * experts at prefill see a few tokens each), else 32 (bench/results/cuda.md) */
+template <int FMT, int BT>
+static void mmx_rows(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
+                     cudaStream_t st)
+{
+    if ((long)((r1 - r0 + 63) / 64) * ((T + BT - 1) / BT) >= cuda_sms() / 2)
+        launch_mmx<FMT, 8, BT>(w, r0, r1, x, ldx, T, y, ldy, st);
+    else
+        launch_mmx<FMT, 4, BT>(w, r0, r1, x, ldx, T, y, ldy, st);
 }
 
 /* k_mmx where the rows allow it (T > 8), else k_matmul's tile for T */
@@ -378,13 +406,10 @@ static void tiles_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx,
                       cudaStream_t st)
 {
     if (T > 8 && mx_fits(w)) {
-        /* 64-row blocks where they are enough to fill half the SMs, else 32-row ones: on the H100 at
-         * T = 16, 3072 rows ran in 87 us in 96 blocks of 32 and 120 us in 48 of 64; at T = 64 or
-         * 12288 rows the 64-row blocks won (bench/results/cuda.md) */
-        if ((long)((r1 - r0 + 63) / 64) * ((T + MX_BT - 1) / MX_BT) >= cuda_sms() / 2)
-            launch_mmx<FMT, 8>(w, r0, r1, x, ldx, T, y, ldy, st);
+        if (T <= 16)
+            mmx_rows<FMT, 16>(w, r0, r1, x, ldx, T, y, ldy, st);
         else
-            launch_mmx<FMT, 4>(w, r0, r1, x, ldx, T, y, ldy, st);
+            mmx_rows<FMT, 32>(w, r0, r1, x, ldx, T, y, ldy, st);
     } else if (T == 1)
         launch_mm<FMT, 1, 1, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
     else if (T == 2)
