@@ -4,8 +4,8 @@
  *   cudak_matmul at K3's shapes (rows x cols: 12288 x 7168, 3584 x 3072 and 3072 x 3584), BF16 and
  *   MXFP4, T = 1, 2, 4, 8 as weight bytes read per second over the copy bandwidth, and T = 16, 64,
  *   512 as FLOP/s over the FMA peak (INT4-g32, Kimi K2's expert format, at T <= 8); and for the
- *   expert shapes, 16 matrices in one cudak_matmul_set launch (a MoE layer's experts at decode) at
- *   T = 1 .. 8.
+ *   expert shapes, 16 matrices in one cudak_matmul_set launch (a MoE layer's experts) at T = 1 .. 8
+ *   and 12, 16, 32 (MXFP4 and BF16).
  * Each shape's weights come in enough copies to exceed the L2 cache, used in turn, so that every
  * pass reads HBM. Times are CUDA events around `iters` launches after a warm-up.
  *   usage: bench_cuda [--iters N] [--fmt bf16|mxfp4|int4-g32] [--shape 0|1|2] (that format, that
@@ -175,15 +175,17 @@ int main(int argc, char **argv)
                 printf("%-6s %5d x %5d T %3d: %8.1f us  %7.0f GB/s (%.2f of copy)  %6.2f TFLOP/s (%.2f of FMA peak)\n",
                        wfmt_table[fmt].name, rows, cols, T, s * 1e6, bw / 1e9, bw / copy_bw, fl / 1e12, fl / peak);
             }
-            /* a MoE layer's way: 16 experts of this shape in one cudak_matmul_set launch */
-            for (int ti = 0; ti < 4 && rows < 8192; ti++) {
+            /* a MoE layer's way: 16 experts of this shape in one cudak_matmul_set (decode, verify, and
+             * prefill, where K3's 896 experts see about 9 tokens each at a 512-token prompt) */
+            static const int Tset[] = {1, 2, 4, 8, 12, 16, 32};
+            for (int ti = 0; ti < (fmt == WF_INT4G32 ? 4 : 7) && rows < 8192; ti++) {
                 enum { NE = 16 };
-                int T = Ts[ti], n = iters * 2;
+                int T = Tset[ti], n = iters * 2;
                 cudak_mm set[NE];
-                auto fill_set = [&](int i) {
+                auto fill_set = [&](int i) { /* NE T <= 512: x's and y's rows */
                     for (int j = 0; j < NE; j++)
-                        set[j] = (cudak_mm){.w = w[(i * NE + j) % ncopy], .x = x + (size_t)j * 8 * cols,
-                                            .ldx = (size_t)cols, .y = y + (size_t)j * 8 * rows, .ldy = (size_t)rows,
+                        set[j] = (cudak_mm){.w = w[(i * NE + j) % ncopy], .x = x + (size_t)j * T * cols,
+                                            .ldx = (size_t)cols, .y = y + (size_t)j * T * rows, .ldy = (size_t)rows,
                                             .r0 = 0, .r1 = rows, .T = T};
                 };
                 fill_set(0);
@@ -196,9 +198,10 @@ int main(int argc, char **argv)
                 CK(cudaEventRecord(e1));
                 double s = time_ms(e0, e1) * 1e-3 / n;
                 CK(cudaGetLastError());
-                double bw = NE * (double)(db + sb) / s;
-                printf("%-6s %5d x %5d T %3d: %8.1f us  %7.0f GB/s (%.2f of copy)  16 in one launch\n",
-                       wfmt_table[fmt].name, rows, cols, T, s * 1e6, bw / 1e9, bw / copy_bw);
+                double bw = NE * (double)(db + sb) / s, fl = NE * 2.0 * rows * cols * (double)T / s;
+                printf("%-6s %5d x %5d T %3d: %8.1f us  %7.0f GB/s (%.2f of copy)  %6.2f TFLOP/s (%.2f of FMA "
+                       "peak)  16 in one launch\n",
+                       wfmt_table[fmt].name, rows, cols, T, s * 1e6, bw / 1e9, bw / copy_bw, fl / 1e12, fl / peak);
             }
             for (int c = 0; c < ncopy; c++) {
                 CK(cudaFree((void *)w[c].data));

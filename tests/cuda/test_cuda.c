@@ -240,8 +240,9 @@ static kmat rand_dmat(int fmt, int rows, int cols, uint32_t *seed)
 
 /* cudak_matmul_set (a MoE layer's experts in one launch) gives each product's cudak_matmul bits
  * (which kern_cuda_matches_scalar holds to the scalar table): 40 products of three formats, T of 1
- * to 8 and 11, row ranges, strides, and shapes k_gemv does not take (cols not a whole column
- * block), in runs longer than one launch takes; and cudak_glu_set gives cudak_glu's. */
+ * to 8 (k_gemv's family) and of 10 to 45 (k_mmx's sets, in tiles of 16 and 32 tokens), row
+ * ranges, strides, and shapes neither takes (cols not a whole column block or group), in runs
+ * longer than one launch takes; and cudak_glu_set gives cudak_glu's. */
 TEST(kern_cuda_matmul_set)
 {
     NEED_GPU();
@@ -254,7 +255,7 @@ TEST(kern_cuda_matmul_set)
     for (int i = 0; i < N; i++) {
         int fmt = fmts[i < 34 ? 0 : i % 3], rows = 64 + 16 * (i % 5) + (i % 3);
         int cols = i % 7 == 6 ? 520 : 512 * (1 + i % 2);
-        int T = i == 20 ? 11 : 1 + i % 8, r0 = i % 4 == 1 ? 5 : 0;
+        int T = i == 20 ? 11 : i % 5 == 3 || i == 37 ? 9 + i * 7 % 40 : 1 + i % 8, r0 = i % 4 == 1 ? 5 : 0;
         kmat w = rand_dmat(fmt, rows, cols, &seed);
         size_t ldx = (size_t)cols + (i % 2) * 4, ldy = (size_t)rows + 3;
         float *hx = malloc(sizeof(float) * ldx * (size_t)T);

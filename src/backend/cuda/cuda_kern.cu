@@ -88,33 +88,6 @@ template <int FMT> __host__ __device__ constexpr bool has_scale()
     return FMT == WF_MXFP4 || FMT == WF_INT4G32 || FMT == WF_INT8G32 || FMT == WF_FP8B128;
 }
 
-/* A launch's products (cudak_matmul_set): block b of the grid works on the entry whose blocks
- * [nb0, next nb0) hold b; the entries' blocks in order. */
-template <int N> struct gv_set {
-    int n;
-    struct {
-        cudak_mm m;
-        int nb0; /* the entry's first block */
-    } e[N];
-};
-
-/* The entry of a set that block blockIdx.x works on, and the block's index within it. With one
- * matrix its fields are read at fixed offsets, not copied out to be indexed. */
-struct gv_one {
-    cudak_mm m;
-    int bx;
-    int ei; /* the entry's index in the set */
-};
-
-template <int N> __device__ __forceinline__ gv_one gv_entry(const gv_set<N> &set)
-{
-    int ei = 0;
-    if constexpr (N > 1)
-        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
-            ei++;
-    return gv_one{set.e[ei].m, (int)blockIdx.x - set.e[ei].nb0, ei};
-}
-
 /* The 4-bit formats' end of k_gemv: thread q of a quad holds lanes 4q .. 4q + 3 of its row for
  * each token, so seq16's tree is two shuffles within the quad (h = 8: from thread q + 2, h = 4:
  * from q + 1) and then the thread's own h = 2 and h = 1; thread 0 of the quad stores row r. The
@@ -400,13 +373,7 @@ template <int FMT> static int gv_blocks(const cudak_mm *m)
 template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int n, cudaStream_t st)
 {
     gv_set<N> set;
-    set.n = n;
-    int nb = 0;
-    for (int i = 0; i < n; i++) {
-        set.e[i].m = m[i];
-        set.e[i].nb0 = nb;
-        nb += gv_blocks<FMT>(&m[i]);
-    }
+    const int nb = gv_fill(set, m, n, [](const cudak_mm &e) { return gv_blocks<FMT>(&e); });
     k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
 }
 
@@ -571,15 +538,10 @@ static void gx_launch(K kernel, unsigned *raised, int per, size_t fixed, int TT,
                       cudaStream_t st, S &set)
 {
     smem_raise(kernel, raised, (int)(fixed + GX_XMAX * 4));
-    gv_set<N> &base = set;
-    base.n = n;
-    int nb = 0, cols = 0;
-    for (int i = 0; i < n; i++) {
-        base.e[i].m = m[i];
-        base.e[i].nb0 = nb;
-        nb += (m[i].r1 - m[i].r0 + per - 1) / per;
+    const int nb = gv_fill<N>(set, m, n, [per](const cudak_mm &e) { return (e.r1 - e.r0 + per - 1) / per; });
+    int cols = 0;
+    for (int i = 0; i < n; i++)
         cols = m[i].w.cols > cols ? m[i].w.cols : cols;
-    }
     kernel<<<(unsigned)nb, 32 * GX_WARPS, fixed + (size_t)TT * (size_t)cols * 4, st>>>(set);
 }
 
@@ -838,28 +800,48 @@ extern "C" void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size
     by_format(w->fmt, [&](auto fmt) { matmul_fmt<decltype(fmt)::value>(w, r0, r1, x, ldx, T, y, ldy, st); });
 }
 
-/* Runs of entries that k_gemv takes, of one format, up to CUDAK_SET of them, go in one launch;
- * the others one by one. */
+/* The products of a set by class and format, each class's products of a format in launches of up
+ * to CUDAK_SET: T <= 8 where k_gemv's family takes them (gemv_tt), T of 9 to 16 and above 16 where
+ * k_mmx does (cuda_mm_set: a MoE layer's experts at prefill, each of a few tokens, fill the GPU
+ * together where each alone would not); the rest one by one. No product reads what another
+ * writes, so the launches' order changes no value. */
 extern "C" void cudak_matmul_set(const cudak_mm *m, int n, void *stream)
 {
+    enum { S_GEMV, S_MX16, S_MX32, S_ONE, S_NONE };
     cudaStream_t st = (cudaStream_t)stream;
-    for (int i = 0; i < n;) {
-        int fmt = m[i].w.fmt, j = i, T = 0;
-        by_format(fmt, [&](auto f) {
-            constexpr int FMT = decltype(f)::value;
-            while (j < n && j - i < CUDAK_SET && m[j].w.fmt == fmt && m[j].T <= 8 && m[j].T > 0 &&
-                   m[j].r1 > m[j].r0 && gv_fits<FMT>(&m[j].w)) {
-                T = m[j].T > T ? m[j].T : T;
-                j++;
+    uint8_t cls[64];
+    for (int i0 = 0; i0 < n; i0 += 64) { /* the classes of 64 products at a time */
+        const int n1 = n - i0 < 64 ? n - i0 : 64;
+        const cudak_mm *p = m + i0;
+        for (int i = 0; i < n1; i++)
+            by_format(p[i].w.fmt, [&](auto f) {
+                constexpr int FMT = decltype(f)::value;
+                cls[i] = p[i].T <= 0 || p[i].r1 <= p[i].r0 ? S_NONE
+                         : p[i].T <= 8 && gv_fits<FMT>(&p[i].w) ? S_GEMV
+                         : cuda_mm_set_fits(&p[i])               ? (p[i].T <= 16 ? S_MX16 : S_MX32)
+                                                                 : S_ONE;
+            });
+        cudak_mm run[CUDAK_SET];
+        for (int c = S_GEMV; c < S_ONE; c++)
+            for (int fmt = 0; fmt < WF_COUNT; fmt++) {
+                int k = 0, T = 0;
+                for (int i = 0; i <= n1; i++) {
+                    if (i < n1 && cls[i] == c && p[i].w.fmt == fmt) {
+                        run[k++] = p[i];
+                        T = p[i].T > T ? p[i].T : T;
+                    }
+                    if (k > 0 && (k == CUDAK_SET || i == n1)) {
+                        if (c == S_GEMV)
+                            by_format(fmt, [&](auto f) { gemv_tt<decltype(f)::value, CUDAK_SET>(run, k, T, st); });
+                        else
+                            cuda_mm_set(run, k, st);
+                        k = T = 0;
+                    }
+                }
             }
-            if (j > i)
-                gemv_tt<FMT, CUDAK_SET>(m + i, j - i, T, st);
-        });
-        if (j == i) { /* not one k_gemv takes: on its own */
-            cudak_matmul(&m[i].w, m[i].r0, m[i].r1, m[i].x, m[i].ldx, m[i].T, m[i].y, m[i].ldy, stream);
-            j = i + 1;
-        }
-        i = j;
+        for (int i = 0; i < n1; i++)
+            if (cls[i] == S_ONE)
+                cudak_matmul(&p[i].w, p[i].r0, p[i].r1, p[i].x, p[i].ldx, p[i].T, p[i].y, p[i].ldy, stream);
     }
 }
 

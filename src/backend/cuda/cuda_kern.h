@@ -36,9 +36,9 @@ typedef struct cudak_mm {
     int r0, r1, T;
 } cudak_mm;
 enum { CUDAK_SET = 32 }; /* the products one launch of cudak_matmul_set takes at most */
-/* Each m[i] as cudak_matmul computes it (the same bits), the passes of T <= 8 of one format in
- * launches of up to CUDAK_SET products (a MoE layer's experts: one launch fills the GPU where each
- * alone would not). The products must not write what another reads. */
+/* Each m[i] as cudak_matmul computes it (the same bits), those of one format and a like number of
+ * tokens in launches of up to CUDAK_SET products (a MoE layer's experts: one launch fills the GPU
+ * where each alone would not). The products must not write what another reads. */
 void cudak_matmul_set(const cudak_mm *m, int n, void *stream);
 /* out[(r - r0) * cols + i] = W[r][i], the exact decode. */
 void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, void *stream);

@@ -1,7 +1,7 @@
 /* cuda_mat.cuh — what the CUDA matrix kernels share (cuda_kern.cu's decode and verify passes,
  * cuda_mm.cu's prefill tiles): the exact element decoders (dtype.c's, for the device), seq16's
  * lane order of a block's columns, the end of a tile (its lanes' tree by shuffles), the dispatch of
- * a format as a compile-time constant, and the tiles' entry point. */
+ * a format as a compile-time constant, a launch's set of products, and the tiles' entry points. */
 #ifndef DF_BACKEND_CUDA_CUDA_MAT_CUH
 #define DF_BACKEND_CUDA_CUDA_MAT_CUH
 
@@ -10,6 +10,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/cuda_kern.h"
 extern "C" {
 #include "kernels/kern.h"
 }
@@ -183,6 +184,46 @@ template <typename F> static void by_format(int fmt, F f)
     }
 }
 
+/* A launch's products (cudak_matmul_set): block b of the grid works on the entry whose blocks
+ * [nb0, next nb0) hold b; the entries' blocks in order. */
+template <int N> struct gv_set {
+    int n;
+    struct {
+        cudak_mm m;
+        int nb0; /* the entry's first block */
+    } e[N];
+};
+
+/* The entry of a set that block blockIdx.x works on, and the block's index within it. With one
+ * matrix its fields are read at fixed offsets, not copied out to be indexed. */
+struct gv_one {
+    cudak_mm m;
+    int bx;
+    int ei; /* the entry's index in the set */
+};
+
+template <int N> __device__ __forceinline__ gv_one gv_entry(const gv_set<N> &set)
+{
+    int ei = 0;
+    if constexpr (N > 1)
+        while (ei + 1 < set.n && (int)blockIdx.x >= set.e[ei + 1].nb0)
+            ei++;
+    return gv_one{set.e[ei].m, (int)blockIdx.x - set.e[ei].nb0, ei};
+}
+
+/* Fills set with the n <= N products m, blocks(m[i]) blocks each, and returns the launch's blocks */
+template <int N, typename B> static int gv_fill(gv_set<N> &set, const cudak_mm *m, int n, B blocks)
+{
+    set.n = n;
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        set.e[i].m = m[i];
+        set.e[i].nb0 = nb;
+        nb += blocks(m[i]);
+    }
+    return nb;
+}
+
 /* Raises kernel's limit on dynamic shared memory to bytes, once per device: the limit is an
  * attribute of the function in the current device's context (beyond 32 devices, at every call).
  * raised: the caller's record of the devices done, one per kernel instantiation. */
@@ -200,5 +241,10 @@ template <typename K> static void smem_raise(K kernel, unsigned *raised, int byt
 /* cudak_matmul for what k_gemv does not take: T > 8, or rows it cannot read (cuda_mm.cu) */
 void cuda_mm_tiles(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                    cudaStream_t st);
+/* whether cuda_mm_set takes m: T > 8 and rows k_mmx reads (16-byte aligned, whole 32-column groups) */
+bool cuda_mm_set_fits(const cudak_mm *m);
+/* n <= CUDAK_SET products of one format that cuda_mm_set_fits takes, each as cuda_mm_tiles
+ * computes it (the same bits), in one launch of k_mmx (cuda_mm.cu) */
+void cuda_mm_set(const cudak_mm *m, int n, cudaStream_t st);
 
 #endif

@@ -17,6 +17,7 @@
  * skips the columns past the row's end rather than adding zeros, because a sum can be -0 (a tiny
  * negative product rounded away) and -0 + +0 is +0.
  */
+#include <assert.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -124,7 +125,8 @@ template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, fl
 
 /* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x BT (16 or 32) tokens a block, all 16
  * lanes of seq16 in it, so that each weight and activation staged serves every lane's thread that
- * needs it. A lane's TPL = TG RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x TG =
+ * needs it. A launch takes a set of products (one, or a MoE layer's experts, each of a few tokens,
+ * which alone would leave most SMs idle), each block one product's, row blocks first. A lane's TPL = TG RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x TG =
  * BT / 8 token groups), 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so
  * that a warp's threads read few distinct shared words and most reads are broadcasts. Row group g
  * is rows 4g .. 4g + 3 and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line
@@ -170,14 +172,22 @@ __device__ __forceinline__ int mx_swz(int l) { return 4 * ((l ^ (l >> 3) ^ (l >>
 /* where row (token) p of line l is, in floats from its array's start (lines of ld floats) */
 __device__ __forceinline__ int mx_at(int l, int p, int ld) { return l * ld + (p ^ mx_swz(l)); }
 
+typedef gv_set<CUDAK_SET> mx_set; /* k_mmx's products (one, or a MoE layer's experts) */
+
 template <int FMT, int RGN, int BT>
-__global__ void __launch_bounds__(mx_dims<RGN, BT>::NT, 512 / mx_dims<RGN, BT>::NT)
-    k_mmx(kmat w, int r0, int r1, const float *__restrict__ x, size_t ldx, int T, float *__restrict__ y, size_t ldy)
+__global__ void __launch_bounds__(mx_dims<RGN, BT>::NT, 512 / mx_dims<RGN, BT>::NT) k_mmx(const __grid_constant__ mx_set set)
 {
     using D = mx_dims<RGN, BT>;
     extern __shared__ __align__(16) float sm[];
+    /* the block's product, and its place there: row blocks first, then token blocks */
+    const gv_one g1 = gv_entry(set);
+    const kmat w = g1.m.w;
+    const float *__restrict__ x = g1.m.x;
+    float *__restrict__ y = g1.m.y;
+    const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
+    const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, nrb = (r1 - r0 + D::BR - 1) / D::BR;
     const int tid = threadIdx.x, lane = tid / D::TPL, sub = tid % D::TPL, rg = sub % RGN, tg = sub / RGN;
-    const int rbase = r0 + blockIdx.x * D::BR, tbase = blockIdx.y * BT, cols = w.cols;
+    const int rbase = r0 + g1.bx % nrb * D::BR, tbase = g1.bx / nrb * BT, cols = w.cols;
     /* staging: row tid / 8 (and BR / 2 + tid / 8 where WP is 2), columns 8 (tid % 8) .. + 7, so that
      * a warp reads whole 128-byte lines of 4 BF16 rows (32 rows before: a line each); a warp's tokens
      * are 4, each read as 8 (tid % 8) pieces of XN columns (the 64 columns when XN is 8, half of them
@@ -375,29 +385,45 @@ static int cuda_sms(void)
     return sms[dev];
 }
 
-template <int FMT, int RGN, int BT>
-static void launch_mmx(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
-                       cudaStream_t st)
+/* one launch of k_mmx over the n <= CUDAK_SET products m */
+template <int FMT, int RGN, int BT> static void launch_mmx(const cudak_mm *m, int n, cudaStream_t st)
 {
     using D = mx_dims<RGN, BT>;
     static unsigned raised;
     smem_raise(k_mmx<FMT, RGN, BT>, &raised, D::FLOATS * 4);
-    dim3 grid((unsigned)((r1 - r0 + D::BR - 1) / D::BR), (unsigned)((T + BT - 1) / BT));
-    k_mmx<FMT, RGN, BT><<<grid, D::NT, D::FLOATS * 4, st>>>(*w, r0, r1, x, ldx, T, y, ldy);
+    mx_set set;
+    const int nb = gv_fill(set, m, n, [](const cudak_mm &e) {
+        return (e.r1 - e.r0 + D::BR - 1) / D::BR * ((e.T + BT - 1) / BT);
+    });
+    k_mmx<FMT, RGN, BT><<<(unsigned)nb, D::NT, D::FLOATS * 4, st>>>(set);
 }
 
-/* k_mmx's tile for T: 64-row blocks where they are enough to fill half the SMs, else 32-row ones
- * (on the H100 at T = 16, 3072 rows ran in 87 us in 96 blocks of 32 and 120 us in 48 of 64; at
- * T = 64 or 12288 rows the 64-row blocks won), of 16 tokens where T fits them (a MoE layer's
- * experts at prefill see a few tokens each), else 32 (bench/results/cuda.md) */
-template <int FMT, int BT>
-static void mmx_rows(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
-                     cudaStream_t st)
+/* k_mmx's tile for the products m: 64-row blocks where they are enough to fill half the SMs, else
+ * 32-row ones (on the H100 at T = 16, 3072 rows ran in 87 us in 96 blocks of 32 and 120 us in 48
+ * of 64; at T = 64 or 12288 rows the 64-row blocks won), of 16 tokens where every T fits them (a
+ * MoE layer's experts at prefill see a few tokens each), else 32 (bench/results/cuda.md) */
+template <int FMT> static void mmx_set(const cudak_mm *m, int n, cudaStream_t st)
 {
-    if ((long)((r1 - r0 + 63) / 64) * ((T + BT - 1) / BT) >= cuda_sms() / 2)
-        launch_mmx<FMT, 8, BT>(w, r0, r1, x, ldx, T, y, ldy, st);
+    int tmax = 0;
+    for (int i = 0; i < n; i++)
+        tmax = m[i].T > tmax ? m[i].T : tmax;
+    const int bt = tmax <= 16 ? 16 : 32;
+    long b64 = 0;
+    for (int i = 0; i < n; i++)
+        b64 += (long)((m[i].r1 - m[i].r0 + 63) / 64) * ((m[i].T + bt - 1) / bt);
+    const bool wide = b64 >= cuda_sms() / 2;
+    if (bt == 16)
+        (wide ? launch_mmx<FMT, 8, 16> : launch_mmx<FMT, 4, 16>)(m, n, st);
     else
-        launch_mmx<FMT, 4, BT>(w, r0, r1, x, ldx, T, y, ldy, st);
+        (wide ? launch_mmx<FMT, 8, 32> : launch_mmx<FMT, 4, 32>)(m, n, st);
+}
+
+bool cuda_mm_set_fits(const cudak_mm *m) { return m->T > 8 && m->r1 > m->r0 && mx_fits(&m->w); }
+
+void cuda_mm_set(const cudak_mm *m, int n, cudaStream_t st)
+{
+    assert(n >= 1 && n <= CUDAK_SET);
+    by_format(m[0].w.fmt, [&](auto fmt) { mmx_set<decltype(fmt)::value>(m, n, st); });
 }
 
 /* k_mmx where the rows allow it (T > 8), else k_matmul's tile for T */
@@ -405,12 +431,10 @@ template <int FMT>
 static void tiles_fmt(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                       cudaStream_t st)
 {
-    if (T > 8 && mx_fits(w)) {
-        if (T <= 16)
-            mmx_rows<FMT, 16>(w, r0, r1, x, ldx, T, y, ldy, st);
-        else
-            mmx_rows<FMT, 32>(w, r0, r1, x, ldx, T, y, ldy, st);
-    } else if (T == 1)
+    const cudak_mm one = {.w = *w, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .r0 = r0, .r1 = r1, .T = T};
+    if (cuda_mm_set_fits(&one))
+        mmx_set<FMT>(&one, 1, st);
+    else if (T == 1)
         launch_mm<FMT, 1, 1, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
     else if (T == 2)
         launch_mm<FMT, 1, 2, 16, 1>(w, r0, r1, x, ldx, T, y, ldy, st);
