@@ -737,9 +737,9 @@ static int cuda_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int
 
 /* A MoE layer's experts on the device, in groups of up to EX_GROUP: the gates and ups of a group
  * in one cudak_matmul_set, its GLUs in one launch, its downs in another, so that one launch fills
- * the GPU where one expert of a few positions (decode, verify) would not; cudak_matmul_set runs an
- * expert of more than 8 positions (prefill) on its own, its matmuls already wide. Each expert reads its positions'
- * rows of the layer's buffers (grouped by expert: order, start) and writes its own rows, so the
+ * the GPU where one expert of a few positions (decode, verify, and prefill, where K3's experts see
+ * about 9 positions each of a 512-token prompt) would not. Each expert reads its positions' rows
+ * of the layer's buffers (grouped by expert: order, start) and writes its own rows, so the
  * grouping changes no value.
  *
  * Streamed experts: a VRAM hit joins the group at once; the misses are asked of the weight source
