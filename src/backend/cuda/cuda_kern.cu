@@ -123,41 +123,6 @@ template <int TT> __device__ __forceinline__ void load_xv8(const float *xp, int 
     }
 }
 
-/* (-0, +0) as a BF16 pair, nib_pairs' addend, read from constant memory: given as a literal,
- * ptxas rebuilt it for every FMA (an HFMA2 and a PRMT each, and MXFP4 at T = 1 fell from 0.62 to
- * 0.42 of the copy bandwidth; bench/results/cuda.md, 2026-12-06) */
-__constant__ uint32_t nib_addend = 0x80000000u;
-
-/* MXFP4's codes of one word two at a time, for d_nib's one-multiply case (FAST): nibbles n and
- * n + 4 (bits 4n and 4n + 16) become the two halves of a BF16 pair, each its code's value times
- * 2^-126 as in d_nib but at BF16's bits (the magnitude at 6-8, the sign at 15). Masking the two
- * nibbles and one product by 2^a + 2^(a + 6) places both copies without carries (the magnitude's
- * copy at 6-9, the sign's at 12-15). Then one BF16 FMA an element gives its float: the pair (or
- * its low half twice) times s0 (sc x 2^126 in the high half, +0 in the low) plus (-0, +0). The
- * high half is the value times sc, exact as d_nib's (two significant bits, at least 2^-128: a
- * BF16, subnormal or not, which the FMA keeps; adding -0 keeps a -0), and the low half is
- * +-0 + +0 = +0, so the register is that value as a float. Five instructions a pair and a shift a
- * word, where d_nib takes four an element: it pays where the issue slots bind (k_gvt). v[n]:
- * nibble n's value times sc. */
-__device__ __forceinline__ void nib_pairs(uint32_t word, uint32_t s0, float (&v)[8])
-{
-    const uint32_t w8 = word >> 8;
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-        uint32_t a = (n < 2 ? word : w8) & (n % 2 ? 0x00F000F0u : 0x000F000Fu);
-        uint32_t p = a * (n % 2 ? 0x104u : 0x1040u) & 0x81C081C0u, lo, hi;
-        asm("{ .reg .b16 l, h; .reg .b32 ll;\n\t"
-            "mov.b32 {l, h}, %2;\n\t"
-            "mov.b32 ll, {l, l};\n\t"
-            "fma.rn.bf16x2 %0, ll, %3, %4;\n\t"
-            "fma.rn.bf16x2 %1, %2, %3, %4; }"
-            : "=r"(lo), "=r"(hi)
-            : "r"(p), "r"(s0), "r"(nib_addend));
-        v[n] = __uint_as_float(lo);
-        v[n + 4] = __uint_as_float(hi);
-    }
-}
-
 /* nib_group's element-by-element decode (d_nib) */
 template <int FMT, bool FAST, int TT>
 __device__ __forceinline__ void nib_one(uint32_t word, float sc, float s126, const float (&xv)[TT][8],

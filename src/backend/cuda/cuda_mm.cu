@@ -93,7 +93,8 @@ template <int FMT> __host__ __device__ constexpr int mx_piece()
 }
 
 /* 8 columns of a row from their bytes p (mx_piece<FMT>() of them, aligned to their size) and
- * their group's scale s (d_scale32's), exactly as d_elem gives them */
+ * their group's scale s (d_scale32's), exactly as d_elem gives them (MXFP4 by nib_pairs where the
+ * scale is at most 1, as nearly every trained weight's is: sc x 2^126 is then a float, exact) */
 template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, float s, float (&v)[8])
 {
     if (FMT == WF_F32) {
@@ -109,6 +110,10 @@ template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, fl
         }
     } else if (FMT == WF_MXFP4 || FMT == WF_INT4G32) {
         uint32_t q = *(const uint32_t *)p; /* column i: nibble i */
+        if (FMT == WF_MXFP4 && s <= 1.0f) { /* d_nib's one-multiply case, two codes at a time */
+            nib_pairs(q, __float_as_uint(s * 0x1p126f), v);
+            return;
+        }
         v[0] = d_nib<FMT, 0, false>(q, s, 0.0f), v[1] = d_nib<FMT, 4, false>(q, s, 0.0f);
         v[2] = d_nib<FMT, 8, false>(q, s, 0.0f), v[3] = d_nib<FMT, 12, false>(q, s, 0.0f);
         v[4] = d_nib<FMT, 16, false>(q, s, 0.0f), v[5] = d_nib<FMT, 20, false>(q, s, 0.0f);
