@@ -773,10 +773,11 @@ extern "C" void cudak_matmul(const kmat *w, int r0, int r1, const float *x, size
 extern "C" void cudak_matmul_set(const cudak_mm *m, int n, void *stream)
 {
     enum { S_GEMV, S_MX16, S_MX32, S_ONE, S_NONE };
+    enum { CHUNK = 2 * CUDAK_SET }; /* products sorted at a time (cls on the stack) */
     cudaStream_t st = (cudaStream_t)stream;
-    uint8_t cls[64];
-    for (int i0 = 0; i0 < n; i0 += 64) { /* the classes of 64 products at a time */
-        const int n1 = n - i0 < 64 ? n - i0 : 64;
+    uint8_t cls[CHUNK];
+    for (int i0 = 0; i0 < n; i0 += CHUNK) {
+        const int n1 = n - i0 < CHUNK ? n - i0 : CHUNK;
         const cudak_mm *p = m + i0;
         for (int i = 0; i < n1; i++)
             by_format(p[i].w.fmt, [&](auto f) {
