@@ -131,8 +131,9 @@ template <int FMT> __device__ __forceinline__ void d_piece8(const uint8_t *p, fl
 /* Prefill passes (T > 8): k_mmx computes BR = 8 RGN rows x BT (16 or 32) tokens a block, all 16
  * lanes of seq16 in it, so that each weight and activation staged serves every lane's thread that
  * needs it. A launch takes a set of products (one, or a MoE layer's experts, each of a few tokens,
- * which alone would leave most SMs idle), each block one product's, row blocks first. A lane's TPL = TG RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x TG =
- * BT / 8 token groups), 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so
+ * which alone would leave most SMs idle), each block one product's, row blocks first. A lane's
+ * TPL = TG RGN threads each hold 8 rows x 8 tokens (sub: RGN row groups x TG = BT / 8 token
+ * groups), 64 sums; the lanes are the slow index (a warp holds 32 / TPL of them) so
  * that a warp's threads read few distinct shared words and most reads are broadcasts. Row group g
  * is rows 4g .. 4g + 3 and BR / 2 + 4g .. + 3, so that the groups' 16-byte reads of a stage line
  * fall in distinct banks (with 8 consecutive rows a group, two groups shared every bank: ncu
@@ -180,7 +181,8 @@ __device__ __forceinline__ int mx_at(int l, int p, int ld) { return l * ld + (p 
 typedef gv_set<CUDAK_SET> mx_set; /* k_mmx's products (one, or a MoE layer's experts) */
 
 template <int FMT, int RGN, int BT>
-__global__ void __launch_bounds__(mx_dims<RGN, BT>::NT, 512 / mx_dims<RGN, BT>::NT) k_mmx(const __grid_constant__ mx_set set)
+__global__ void __launch_bounds__(mx_dims<RGN, BT>::NT, 512 / mx_dims<RGN, BT>::NT)
+    k_mmx(const __grid_constant__ mx_set set)
 {
     using D = mx_dims<RGN, BT>;
     extern __shared__ __align__(16) float sm[];
