@@ -94,8 +94,7 @@ static __constant__ uint32_t nib_addend = 0x80000000u;
  * BF16, subnormal or not, which the FMA keeps; adding -0 keeps a -0), and the low half is
  * +-0 + +0 = +0, so the register is that value as a float. Five instructions a pair and a shift a
  * word, where d_nib takes four an element: it pays where the issue slots bind (k_gvt, and k_mmx's
- * staging through d_piece8). v[n]:
- * nibble n's value times sc. */
+ * staging through d_piece8). v[n]: nibble n's value times sc. */
 __device__ __forceinline__ void nib_pairs(uint32_t word, uint32_t s0, float (&v)[8])
 {
     const uint32_t w8 = word >> 8;
