@@ -4,9 +4,10 @@
  * (routed, latent and shared experts), a plain residual stream or Block AttnRes (Qwen3, Qwen3-MoE,
  * DeepSeek-V3, Kimi K2 and K2.5), and KDA (Kimi-Linear, K3) with its commit log replayed on the
  * GPU, every weight format, all of it on the GPU but the RoPE table (computed on the host by
- * blk_rope_table, the CPU's own code, and copied up) and the grouping of a MoE layer's choices by
- * expert (the router runs on the GPU; its choices come back, and a layer's experts then go in a
- * few grouped launches). Session files are refused by session_file.c.
+ * blk_rope_table, the CPU's own code, and copied up through a pinned ring that never waits for
+ * the GPU: up_take) and the grouping of a MoE layer's choices by expert (the router runs on the
+ * GPU; its choices come back while the shared experts run, and a layer's experts then go in a few
+ * grouped launches). Session files are refused by session_file.c.
  *
  * Memory. open() copies every tensor range the model bound, and every small vector a block reads,
  * to the device once (cuda_dev.sp, sorted by host address); a block translates a kmat or a vector
@@ -48,8 +49,6 @@ typedef struct cuda_dev {
     dev_span *sp; /* [n], sorted by h, disjoint */
     int n, cap;
     size_t bytes;
-    float *cs;    /* host: [cs_cap] the pass's RoPE rows */
-    size_t cs_cap;
     float *sc;    /* device: [sc_cap] attention scores */
     size_t sc_cap;
     float *wkv;   /* device: [wkv_cap] an MLA layer's kv_b, decoded */
@@ -84,9 +83,18 @@ typedef struct cuda_dev {
     size_t moe_dev_cap;
     int *guess;       /* host: [guess_cap] the router lookahead's choices */
     size_t guess_cap;
-    int *sel;     /* host: [2 * moe_cap + 3 * n_experts + 1] a MoE layer's choices, its order, its union
-                     (moe_route.h's moe_group), the union's VRAM misses and its starts */
+    int *sel;     /* host, pinned: [2 * moe_cap + 3 * n_experts + 1] a MoE layer's choices, its order, its
+                     union (moe_route.h's moe_group), the union's VRAM misses and its starts */
     size_t moe_cap;
+    cudaEvent_t sel_ready; /* the choices' copy into sel has landed */
+    /* host, pinned: [up_cap] a ring of what a pass uploads (RoPE rows, cache chunk pointers, a MoE
+     * layer's order), copied asynchronously (up_take); up_done[h]: the copies from half h queued
+     * before the ring last left it have run, so that it may be written again */
+    uint8_t *up;
+    size_t up_cap, up_at;
+    cudaEvent_t up_done[2];
+    int up_rec[2]; /* 1: up_done[h] was recorded */
+    int up_h;      /* the half being written, from offset up_at */
 } cuda_dev;
 
 static int cu_err(errbuf *err, const char *what, cudaError_t e)
@@ -144,6 +152,67 @@ static int span_upload(cuda_dev *d, errbuf *err)
         d->bytes += s->len;
     }
     return 0;
+}
+
+/* Room for `bytes` in the pinned upload ring (up_send then copies it up). The ring's two halves
+ * alternate: before the host writes a half again it waits for the copies queued from it before it
+ * was left, which ran a pass or more ago. So a pass's small uploads never wait for the GPU, where a
+ * cudaMemcpy from pageable memory waits for every kernel queued before it and leaves the GPU idle
+ * while the host queues the next ones. NULL with err set if the ring cannot grow. */
+static void *up_take(cuda_dev *d, size_t bytes, errbuf *err)
+{
+    size_t need = (bytes + 255) & ~(size_t)255; /* each upload 256-byte aligned */
+    cudaError_t e;
+    if (2 * need > d->up_cap) { /* larger than any before: a new ring, once the old one's copies ran */
+        size_t cap = d->up_cap ? 2 * d->up_cap : (size_t)1 << 20;
+        while (2 * need > cap)
+            cap *= 2;
+        if ((e = cudaStreamSynchronize(NULL)) != cudaSuccess) {
+            cu_err(err, "the upload ring", e);
+            return NULL;
+        }
+        cudaFreeHost(d->up);
+        d->up = NULL;
+        d->up_cap = d->up_at = 0;
+        d->up_h = d->up_rec[0] = d->up_rec[1] = 0;
+        if ((e = cudaHostAlloc((void **)&d->up, cap, cudaHostAllocDefault)) != cudaSuccess) {
+            cu_err(err, "the upload ring", e);
+            return NULL;
+        }
+        d->up_cap = cap;
+    }
+    size_t half = d->up_cap / 2;
+    if (d->up_at + need > half) {
+        cudaEventRecord(d->up_done[d->up_h], NULL);
+        d->up_rec[d->up_h] = 1;
+        d->up_h ^= 1;
+        d->up_at = 0;
+        if (d->up_rec[d->up_h] && (e = cudaEventSynchronize(d->up_done[d->up_h])) != cudaSuccess) {
+            cu_err(err, "the upload ring", e);
+            return NULL;
+        }
+    }
+    uint8_t *p = d->up + (size_t)d->up_h * half + d->up_at;
+    d->up_at += need;
+    assert(d->up_at <= half);
+    return p;
+}
+
+/* copies what up_take gave (p, bytes) to device address dst, in order with the pass's kernels */
+static int up_send(void *dst, const void *p, size_t bytes, errbuf *err)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, NULL);
+    return e == cudaSuccess ? 0 : cu_err(err, "an upload", e);
+}
+
+/* up_take and up_send of host bytes src */
+static int up_copy(cuda_dev *d, void *dst, const void *src, size_t bytes, errbuf *err)
+{
+    void *p = up_take(d, bytes, err);
+    if (!p)
+        return -1;
+    memcpy(p, src, bytes);
+    return up_send(dst, p, bytes, err);
 }
 
 /* the device address of host address p, which open() uploaded */
@@ -237,9 +306,14 @@ static void cuda_close(void *p)
     free(d->pend_slot);
     free(d->xs);
     free(d->slot_of);
-    free(d->sel);
+    cudaFreeHost(d->sel);
+    cudaFreeHost(d->up);
+    for (int h = 0; h < 2; h++)
+        if (d->up_done[h])
+            cudaEventDestroy(d->up_done[h]);
+    if (d->sel_ready)
+        cudaEventDestroy(d->sel_ready);
     free(d->sp);
-    free(d->cs);
     free(d);
 }
 
@@ -420,6 +494,13 @@ static void *cuda_open(const model *m, const backend_cfg *cfg, errbuf *err)
         return NULL;
     }
     d->index = index;
+    if ((e = cudaEventCreateWithFlags(&d->sel_ready, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&d->up_done[0], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&d->up_done[1], cudaEventDisableTiming)) != cudaSuccess) {
+        cu_err(err, "events", e);
+        cuda_close(d);
+        return NULL;
+    }
     size_t H = (size_t)hp->hidden, hd = (size_t)hp->head_dim;
     int bad = mat_add(d, &m->embed, err) || mat_add(d, &m->lm_head, err) ||
               span_add(d, m->final_norm, H * sizeof(float), err) || span_add(d, m->out_res_u, H * sizeof(float), err);
@@ -518,23 +599,18 @@ static int attn_tables(const blk *b, layer_state *st, int pos0, int T, int heads
         return -1;
     *cs = d->cs_dev;
     *chunks = (float **)d->chunks_dev;
-    if (need_cs > d->cs_cap) {
-        float *c = realloc(d->cs, need_cs * sizeof(float));
-        if (!c)
-            return errbuf_set(b->err, "--device cuda: out of memory for a RoPE table");
-        d->cs = c;
-        d->cs_cap = need_cs;
-    }
     if (dev_grow(&d->sc, &d->sc_cap, need_sc, "attention scores", b->err))
         return -1;
-    if (hp->rope != ROPE_NONE)
+    if (hp->rope != ROPE_NONE) {
+        float *h = up_take(d, need_cs * sizeof(float), b->err);
+        if (!h)
+            return -1;
         for (int t = 0; t < T; t++)
-            blk_rope_table(hp, pos0 + t, d->cs + (size_t)t * rd);
-    cudaError_t e = hp->rope != ROPE_NONE ? cudaMemcpy(*cs, d->cs, need_cs * sizeof(float), cudaMemcpyHostToDevice)
-                                          : cudaSuccess;
-    if (e == cudaSuccess)
-        e = cudaMemcpy(*chunks, st->kv, (size_t)nchunks * sizeof(float *), cudaMemcpyHostToDevice);
-    return e == cudaSuccess ? 0 : cu_err(b->err, "attention tables", e);
+            blk_rope_table(hp, pos0 + t, h + (size_t)t * rd);
+        if (up_send(*cs, h, need_cs * sizeof(float), b->err))
+            return -1;
+    }
+    return up_copy(d, *chunks, st->kv, (size_t)nchunks * sizeof(float *), b->err);
 }
 
 /* blk_gqa's steps, in its order */
@@ -960,9 +1036,9 @@ static int moe_streamed(moe_run *r, int layer, const int *uni, int nu, int *miss
     return 0;
 }
 
-/* blk_moe's steps, in its order. The router runs on the GPU; its choices come back to the host,
- * which groups them by expert (moe_route.h, as the CPU does); each chosen expert runs once over
- * the positions that chose it. */
+/* blk_moe's steps, in its order. The router runs on the GPU; its choices come back to the host
+ * (while the GPU runs the shared experts), which groups them by expert (moe_route.h, as the CPU
+ * does); each chosen expert runs once over the positions that chose it. */
 static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
@@ -982,11 +1058,14 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     if (!logit || !tmp || !wt || !sel || !order || !slots || (hp->latent && !xe) || !r ||
         (hp->n_shared > 0 && (!sh || !sg || !su)))
         return -1;
-    if (TK > d->moe_cap) { /* the longest pass so far, not every step */
-        int *h = realloc(d->sel, sizeof(int) * (2 * TK + 3 * (size_t)E + 1));
-        if (!h)
-            return errbuf_set(b->err, "--device cuda: out of memory for the routing of %d positions", T);
-        d->sel = h;
+    if (TK > d->moe_cap) { /* the longest pass so far, not every step (no copy into sel is pending) */
+        cudaFreeHost(d->sel);
+        d->sel = NULL;
+        d->moe_cap = 0;
+        size_t bytes = sizeof(int) * (2 * TK + 3 * (size_t)E + 1);
+        cudaError_t e = cudaHostAlloc((void **)&d->sel, bytes, cudaHostAllocDefault);
+        if (e != cudaSuccess)
+            return cu_err(b->err, "the routing's host memory", e);
         d->moe_cap = TK;
     }
     int *h_sel = d->sel, *h_order = h_sel + TK, *h_uni = h_order + TK, *h_miss = h_uni + E, *h_start = h_miss + E;
@@ -997,14 +1076,19 @@ static int cuda_moe(const blk *b, int layer, const moe_w *w, const float *x, int
     float *py[4] = {logit, xe, sg, su};
     cu_matmul_n(b, 4, pw, px, T, py);
     cudab_route(hp, dev_vec(b, w->bias), logit, T, tmp, sel, wt, NULL);
-    cudaError_t e = cudaMemcpy(h_sel, sel, TK * sizeof(int), cudaMemcpyDeviceToHost);
+    /* the choices come back while the GPU runs the shared experts, which need none of them */
+    cudaError_t e = cudaMemcpyAsync(h_sel, sel, TK * sizeof(int), cudaMemcpyDeviceToHost, NULL);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(d->sel_ready, NULL);
+    if (sh)
+        mlp_finish(b, &w->shared, hp->shared_inter, sg, su, T, sh);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(d->sel_ready);
     if (e != cudaSuccess)
         return cu_err(b->err, "the router's choices", e);
     int nu = moe_group(h_sel, (int)TK, E, h_start, h_order, h_uni);
-    if ((e = cudaMemcpy(order, h_order, TK * sizeof(int), cudaMemcpyHostToDevice)) != cudaSuccess)
-        return cu_err(b->err, "the experts' positions", e);
-    if (sh)
-        mlp_finish(b, &w->shared, hp->shared_inter, sg, su, T, sh);
+    if (up_copy(d, order, h_order, TK * sizeof(int), b->err))
+        return -1;
     moe_run run = {.b = b, .d = d, .I = I, .D = D, .start = h_start, .gx = d->moe_dev};
     run.g = run.gx + TK * D;
     run.u = run.g + TK * I;
