@@ -434,9 +434,14 @@ enum { MLA_MAX_R = 1024 };
 /* One block per (query t, head h), blk_mla_query's steps in its order: qa = the axpys of Wk's rows
  * weighted by q_nope; each key's score as a seq64 dot over the latent plus one over the rope part
  * (one warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
- * latent rows weighted by score / sum; then each output as a seq64 dot of a Wv row with ol. */
-__global__ void k_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int nh, int nope,
-                             int rope, int r, int vd, float scale, float *sc, float *o)
+ * latent rows weighted by score / sum; then each output as a seq64 dot of a Wv row with ol. A
+ * thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
+ * heads alone leave most SMs empty, a block has MLA_WIDE threads, four times the warps to share
+ * the keys and outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
+enum { MLA_UNROLL = 32, MLA_WIDE = 1024 };
+__global__ void __launch_bounds__(MLA_WIDE)
+    k_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int nh, int nope, int rope, int r,
+                 int vd, float scale, float *sc, float *o)
 {
     __shared__ float qa[MLA_MAX_R], ol[MLA_MAX_R];
     __shared__ float red[2];
@@ -447,7 +452,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     float *s = sc + (size_t)blockIdx.x * (size_t)(gridDim.x / nh + pos0);
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         float a = 0.0f;
-#pragma unroll 8
+#pragma unroll MLA_UNROLL
         for (int d = 0; d < nope; d++)
             a = __fmaf_rn(qh[d], wk[(size_t)d * r + i], a);
         qa[i] = a;
@@ -476,7 +481,7 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
     float sum = block_sum_in_order(s, n, &red[1]);
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         float a = 0.0f;
-#pragma unroll 8
+#pragma unroll MLA_UNROLL
         for (int k = 0; k < n; k++)
             a = __fmaf_rn(s[k] / sum, chunks[k / KV_CHUNK][(size_t)(k % KV_CHUNK) * W + i], a);
         ol[i] = a;
@@ -497,9 +502,10 @@ __global__ void k_mla_attend(const float *q, const float *wkv, float *const *chu
 extern "C" void cudab_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int T, int nh,
                                  int nope, int rope, int r, int vd, float scale, float *sc, float *o, void *stream)
 {
+    unsigned threads = T * nh <= 256 ? MLA_WIDE : 256;
     if (T > 0)
-        k_mla_attend<<<(unsigned)(T * nh), 256, 0, (cudaStream_t)stream>>>(q, wkv, chunks, pos0, nh, nope, rope, r, vd,
-                                                                          scale, sc, o);
+        k_mla_attend<<<(unsigned)(T * nh), threads, 0, (cudaStream_t)stream>>>(q, wkv, chunks, pos0, nh, nope, rope, r,
+                                                                              vd, scale, sc, o);
 }
 
 __global__ void k_gate(float *o, const float *g, size_t n)
