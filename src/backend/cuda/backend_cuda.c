@@ -156,9 +156,10 @@ static int span_upload(cuda_dev *d, errbuf *err)
 
 /* Room for `bytes` in the pinned upload ring (up_send then copies it up). The ring's two halves
  * alternate: before the host writes a half again it waits for the copies queued from it before it
- * was left, which ran a pass or more ago. So a pass's small uploads never wait for the GPU, where a
- * cudaMemcpy from pageable memory waits for every kernel queued before it and leaves the GPU idle
- * while the host queues the next ones. NULL with err set if the ring cannot grow. */
+ * was left: at decode (a few KB a pass) many passes ago, in a long prompt's pass some layers
+ * earlier, the layers since still queued. So a pass's uploads do not drain the GPU, as a
+ * cudaMemcpy from pageable memory does: it waits for every kernel queued before it, and the GPU
+ * then idles while the host queues the next ones. NULL with err set if the ring cannot grow. */
 static void *up_take(cuda_dev *d, size_t bytes, errbuf *err)
 {
     size_t need = (bytes + 255) & ~(size_t)255; /* each upload 256-byte aligned */
