@@ -36,36 +36,65 @@ __device__ float block_sum_in_order(const float *v, int n, float *red)
     return sum;
 }
 
-/* One block per row: warp 0's seq64 sum of squares, then every thread's share of the row, each
- * thread reading RMS_BATCH elements (and weights) before it writes any, so that the reads overlap
- * (y may be x: a thread writes only elements it has read). One warp writing the whole row one
- * element at a time took 38-46 us at 3584 (the compiler cannot hoist a read above a write that
- * may alias it). */
-enum { RMS_THREADS = 256, RMS_BATCH = 8 };
+/* One block per row: warp 0's seq64 sum of squares, then every thread's share of the row (y may be
+ * x: a thread writes only elements it has read). A row of at most RMS_HOLD elements a thread (K3's
+ * 7168 at 256 threads, every head's norm) is read into registers by every thread while warp 0 makes
+ * the sum, its reads RMS_SQ a lane at a time (warp_sq64). Longer rows take RMS_BATCH elements a
+ * thread per round after the sum. One warp writing the whole row one element at a time took 38-46
+ * us at 3584 (the compiler cannot hoist a read above a write that may alias it); reads of eight at
+ * a time after a sum reading eight at a time, 7.3 us; this, 5.0 us (bench/results/cuda.md). */
+enum { RMS_THREADS = 256, RMS_BATCH = 8, RMS_HOLD = 28, RMS_SQ = 32 };
 
-__global__ void k_rmsnorm(const float *x, const float *w, int n, size_t ld, float eps, float *y)
+__global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const float *w, int n, size_t ld, float eps,
+                                                         float *y)
 {
     __shared__ float rs;
     const float *xt = x + (size_t)blockIdx.x * ld;
     float *yt = y + (size_t)blockIdx.x * ld;
+    const int nt = blockDim.x;
+    if (n <= RMS_HOLD * nt) {
+        float xv[RMS_HOLD], wv[RMS_HOLD];
+#pragma unroll
+        for (int m = 0; m < RMS_HOLD; m++) {
+            int i = threadIdx.x + m * nt;
+            xv[m] = i < n ? xt[i] : 0.0f;
+            wv[m] = w && i < n ? w[i] : 0.0f;
+        }
+        if (threadIdx.x < 32) {
+            float ss;
+            warp_sq64<RMS_SQ, false>(xt, nullptr, n, &ss, nullptr);
+            if (threadIdx.x == 0)
+                rs = 1.0f / sqrtf(ss / (float)n + eps);
+        }
+        __syncthreads();
+        float r = rs;
+#pragma unroll
+        for (int m = 0; m < RMS_HOLD; m++) {
+            int i = threadIdx.x + m * nt;
+            if (i < n)
+                yt[i] = w ? xv[m] * r * wv[m] : xv[m] * r;
+        }
+        return;
+    }
     if (threadIdx.x < 32) {
-        float ss = warp_dot64(xt, xt, n);
+        float ss;
+        warp_sq64<RMS_SQ, false>(xt, nullptr, n, &ss, nullptr);
         if (threadIdx.x == 0)
             rs = 1.0f / sqrtf(ss / (float)n + eps);
     }
     __syncthreads();
     float r = rs;
-    for (int i0 = threadIdx.x; i0 < n; i0 += RMS_BATCH * blockDim.x) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += RMS_BATCH * nt) {
         float xv[RMS_BATCH], wv[RMS_BATCH];
 #pragma unroll
         for (int m = 0; m < RMS_BATCH; m++) {
-            int i = i0 + m * blockDim.x;
+            int i = i0 + m * nt;
             xv[m] = i < n ? xt[i] : 0.0f;
             wv[m] = w && i < n ? w[i] : 0.0f;
         }
 #pragma unroll
         for (int m = 0; m < RMS_BATCH; m++) {
-            int i = i0 + m * blockDim.x;
+            int i = i0 + m * nt;
             if (i < n)
                 yt[i] = w ? xv[m] * r * wv[m] : xv[m] * r;
         }
@@ -342,17 +371,20 @@ extern "C" void cudab_moe_sum(const float *slots, const float *wt, int T, int K,
         k_moe_sum<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(slots, wt, T, K, D, r);
 }
 
-enum { MIX_MAX = 64, MIX_BATCH = 4 };
+enum { MIX_MAX = 64, MIX_THREADS = 512, MIX_BATCH = 8, MIX_SQ = 16 };
 struct mix_src {
     float *p[MIX_MAX]; /* the stack's blocks, then the prefix */
 };
 
-/* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source),
- * the softmax by one thread in source order, then each element's weighted sum in source order.
- * The block first asks the L2 for every source row (they were written layers ago, and a MoE
- * layer's experts have since passed through the cache), so that the dots' reads wait on the L2
- * rather than on memory. */
-__global__ void k_attnres_mix(mix_src src, int n, const float *u, int H, float eps, float *out)
+/* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source,
+ * its reads MIX_SQ at a time: warp_sq64), the softmax by one thread in source order, then each
+ * element's weighted sum in source order, a thread's MIX_BATCH elements of four sources read before
+ * it adds any. The block first asks the L2 for every source row (they were written layers ago, and
+ * a MoE layer's experts have since passed through the cache), so that the dots' reads wait on the
+ * L2 rather than on memory. At decode this is a lone block bound by its dots' latency: 256 threads
+ * with eight reads a lane in flight took 18.2 us on k3-wide, this 10.7 us (bench/results/cuda.md). */
+__global__ void __launch_bounds__(MIX_THREADS) k_attnres_mix(mix_src src, int n, const float *u, int H, float eps,
+                                                             float *out)
 {
     __shared__ float s[MIX_MAX];
     size_t t = blockIdx.x;
@@ -362,7 +394,7 @@ __global__ void k_attnres_mix(mix_src src, int n, const float *u, int H, float e
     for (int j = wi; j < n; j += warps) {
         const float *v = src.p[j] + t * H;
         float ss, d;
-        warp_dot64_2(v, v, u, H, &ss, &d);
+        warp_sq64<MIX_SQ, true>(v, u, H, &ss, &d);
         float r = 1.0f / sqrtf(ss / (float)H + eps);
         if ((threadIdx.x & 31) == 0)
             s[j] = d * r;
@@ -410,7 +442,7 @@ extern "C" void cudab_attnres_mix(float *const *stack, int ns, const float *pref
         src.p[j] = stack[j];
     src.p[ns] = (float *)prefix;
     if (T > 0)
-        k_attnres_mix<<<(unsigned)T, 256, 0, (cudaStream_t)stream>>>(src, ns + 1, u, H, eps, out);
+        k_attnres_mix<<<(unsigned)T, MIX_THREADS, 0, (cudaStream_t)stream>>>(src, ns + 1, u, H, eps, out);
 }
 
 __global__ void k_cache_store(float *const *chunks, int pos0, int T, const float *src, int W)

@@ -33,7 +33,8 @@ extern "C" {
  * masks (d_nib), and its eight columns' activations as two 16-byte reads. MXFP4 took 0.27 -> 0.35
  * of the HBM bandwidth at T = 1 for 16 experts in one launch; at T = 4 and 8 the wider reads of
  * the activations cost more than they saved (bench/results/cuda.md). (INT4 at T = 1 now takes
- * k_gvx below wherever it fits, and MXFP4 at T <= 4 k_gvt: the same lanes.) The block's
+ * k_gvx below wherever it fits, MXFP4 at T <= 4 k_gvt, and the unscaled formats k_gemv_st, whose
+ * weights go to shared memory without registers, several blocks ahead: the same lanes.) The block's
  * warps share the activations of the column block, copied asynchronously into a second shared
  * buffer one block ahead. One launch may cover several matrices (gv_set: a MoE layer's experts),
  * each block working on one of them. Rows must be 16-byte aligned and a whole number of column
@@ -322,6 +323,91 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
         tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
 }
 
+/* k_gemv for the unscaled formats (F32, F16, BF16: one lane of seq16 per thread, no scales to
+ * decode on the way), its weights not through registers: each column block's weights and
+ * activations go straight into shared memory by asynchronous copies, one stage per block, and
+ * gs_stages() - 1 blocks are in flight while one is reduced. A lone matrix of a few thousand rows
+ * fills the GPU with one wave of blocks, so what it takes is a block's chain of column blocks, a
+ * memory latency per block in flight: k_gemv, one block ahead in registers, read 3584 x 3072 BF16
+ * at T = 1 at 0.48 of the copy bandwidth on the H100, two blocks ahead in registers 0.52, these
+ * three stages 0.63-0.65 (four: 0.65, but 12288 x 7168 fell from 0.91 to 0.77, the shared memory
+ * a block takes leaving too few blocks an SM; bench/results/cuda.md, eleventh session). Four and
+ * eight tokens' activations leave room for two stages. The same lanes, values and order as k_gemv. */
+template <int TT> __host__ __device__ constexpr int gs_stages() { return TT <= 2 ? 3 : 2; }
+
+template <int FMT, int TT, int N>
+__global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv_st(const gv_set<N> set)
+{
+    const gv_one g1 = gv_entry(set);
+    const kmat w = g1.m.w;
+    const float *__restrict__ x = g1.m.x;
+    float *__restrict__ y = g1.m.y;
+    const size_t ldx = g1.m.ldx, ldy = g1.m.ldy;
+    const int r0 = g1.m.r0, r1 = g1.m.r1, T = g1.m.T, bx = g1.bx;
+    constexpr int C = gv_cols<FMT>(), RB = gv_row_bytes<FMT>(), RW = gv_rw<FMT>(), V = RB / 16, VS = V + 4,
+                  NV = RW * V / 32, RT = RW / 2, NW = gv_warps<FMT>(), NT = 32 * NW, S = gs_stages<TT>();
+    static_assert(!has_scale<FMT>() && RW * V % 32 == 0, "unscaled rows, a warp's copies cover its rows' block");
+    __shared__ uint4 raw[S][NW][RW * VS + 4]; /* k_gemv's layout, a copy per stage */
+    auto row_at = [&](int rr) { return rr * VS + (rr >= RT ? 4 : 0); };
+    __shared__ __align__(16) float xs[S][TT * C];
+    const int warp = threadIdx.x / 32, tl = threadIdx.x & 31, half = tl >> 4, lane = tl & 15;
+    const int rbase = r0 + (bx * NW + warp) * RW, nblk = w.cols / C;
+    /* column block blk's weights (this warp's rows) and activations, one commit group (an empty
+     * one past the last block, so that every step waits on the same count) */
+    auto load = [&](int blk) {
+        if (blk < nblk) {
+            uint4 *rs = raw[blk % S][warp];
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int idx = tl + 32 * v, rr = idx / V, r = rbase + rr < r1 ? rbase + rr : r1 - 1;
+                __pipeline_memcpy_async(rs + row_at(rr) + idx % V,
+                                        (const uint4 *)(w.data + (size_t)r * w.row_bytes + (size_t)blk * RB) + idx % V,
+                                        16);
+            }
+            float *dst = xs[blk % S];
+            for (int e = threadIdx.x; e < TT * C; e += NT) {
+                int k = e / C, c = e % C;
+                if (k < T)
+                    __pipeline_memcpy_async(dst + e, x + (size_t)k * ldx + (size_t)blk * C + c, 4);
+                else
+                    dst[e] = 0.0f;
+            }
+        }
+        __pipeline_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        load(s);
+    float acc[RT][TT] = {}; /* +0 */
+    for (int b = 0; b < nblk; b++) {
+        load(b + S - 1); /* into the stage block b - 1 left (every warp was done with it) */
+        __pipeline_wait_prior(S - 1);
+        __syncthreads(); /* block b's weights and activations are in place */
+        const float *xb = xs[b % S];
+        const uint4 *rw = raw[b % S][warp];
+#pragma unroll 2
+        for (int g = 0; g < C / 32; g++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int c = lane_col<FMT>(lane, 2 * g + h);
+                float xv[TT];
+#pragma unroll
+                for (int k = 0; k < TT; k++)
+                    xv[k] = xb[k * C + c];
+#pragma unroll
+                for (int j = 0; j < RT; j++) {
+                    float wv = d_code<FMT>((const uint8_t *)&rw[row_at(half * RT + j)], c, nullptr);
+#pragma unroll
+                    for (int k = 0; k < TT; k++)
+                        acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with stage b % S before block b + S is copied there */
+    }
+    tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
+}
+
 /* whether k_gemv takes w: rows 16-byte aligned and a whole number of column blocks long (K3's and
  * the usual shapes are; other matrices take k_matmul, which gives the same bits) */
 template <int FMT> static bool gv_fits(const kmat *w)
@@ -339,7 +425,10 @@ template <int FMT, int TT, int N> static void launch_gemv(const cudak_mm *m, int
 {
     gv_set<N> set;
     const int nb = gv_fill(set, m, n, [](const cudak_mm &e) { return gv_blocks<FMT>(&e); });
-    k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
+    if constexpr (has_scale<FMT>())
+        k_gemv<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
+    else
+        k_gemv_st<FMT, TT, N><<<(unsigned)nb, 32 * gv_warps<FMT>(), 0, st>>>(set);
 }
 
 /* INT4 at T = 1, rows streamed (k_gvx; MXFP4 at T <= 2 took it until k_gvt below, which fits the

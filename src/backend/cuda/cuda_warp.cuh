@@ -73,4 +73,50 @@ __device__ __forceinline__ void warp_dot64_2(const float *a, const float *b, con
     *ac = __shfl_sync(0xFFFFFFFFu, u, 0);
 }
 
+/* warp_dot64(a, a, n) into *aa and, when C, warp_dot64(a, c, n) into *ac, a's elements loaded once
+ * (a norm's sum of squares, an AttnRes score beside it), NB of each lane's at a time: a lone block
+ * at decode waits a memory latency per batch, where warp_dot64 reads 8 of each operand at a time.
+ * The same FMAs in the same order as warp_dot64. */
+template <int NB, bool C>
+__device__ __forceinline__ void warp_sq64(const float *a, const float *c, int n, float *aa, float *ac)
+{
+    int i = threadIdx.x & 31;
+    float p0 = 0.0f, p1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
+    for (; i + 64 * (NB - 1) + 32 < n; i += 64 * NB) {
+        float x0[NB], x1[NB], z0[NB], z1[NB];
+#pragma unroll
+        for (int m = 0; m < NB; m++) {
+            x0[m] = a[i + 64 * m], x1[m] = a[i + 64 * m + 32];
+            if (C)
+                z0[m] = c[i + 64 * m], z1[m] = c[i + 64 * m + 32];
+        }
+#pragma unroll
+        for (int m = 0; m < NB; m++) {
+            p0 = __fmaf_rn(x0[m], x0[m], p0), p1 = __fmaf_rn(x1[m], x1[m], p1);
+            if (C)
+                q0 = __fmaf_rn(x0[m], z0[m], q0), q1 = __fmaf_rn(x1[m], z1[m], q1);
+        }
+    }
+    for (; i < n; i += 64) {
+        float x = a[i], y = i + 32 < n ? a[i + 32] : 0.0f;
+        p0 = __fmaf_rn(x, x, p0);
+        if (C)
+            q0 = __fmaf_rn(x, c[i], q0);
+        if (i + 32 < n) {
+            p1 = __fmaf_rn(y, y, p1);
+            if (C)
+                q1 = __fmaf_rn(y, c[i + 32], q1);
+        }
+    }
+    float v = p0 + p1, u = q0 + q1;
+    for (int h = 16; h >= 1; h /= 2) {
+        v = v + __shfl_down_sync(0xFFFFFFFFu, v, h);
+        if (C)
+            u = u + __shfl_down_sync(0xFFFFFFFFu, u, h);
+    }
+    *aa = __shfl_sync(0xFFFFFFFFu, v, 0);
+    if (C)
+        *ac = __shfl_sync(0xFFFFFFFFu, u, 0);
+}
+
 #endif
