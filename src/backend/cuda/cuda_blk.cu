@@ -52,14 +52,15 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
     const float *xt = x + (size_t)blockIdx.x * ld;
     float *yt = y + (size_t)blockIdx.x * ld;
     const int nt = blockDim.x;
-    if (n <= RMS_HOLD * nt) {
-        float xv[RMS_HOLD], wv[RMS_HOLD];
-#pragma unroll
-        for (int m = 0; m < RMS_HOLD; m++) {
-            int i = threadIdx.x + m * nt;
-            xv[m] = i < n ? xt[i] : 0.0f;
-            wv[m] = w && i < n ? w[i] : 0.0f;
-        }
+    auto get = [&](int i, float &xv, float &wv) { /* element i and its weight (0 past n) */
+        xv = i < n ? xt[i] : 0.0f;
+        wv = w && i < n ? w[i] : 0.0f;
+    };
+    auto put = [&](int i, float xv, float wv, float r) {
+        if (i < n)
+            yt[i] = w ? xv * r * wv : xv * r;
+    };
+    auto scale = [&] { /* 1 / RMS, for every thread */
         if (threadIdx.x < 32) {
             float ss;
             warp_sq64<RMS_SQ, false>(xt, nullptr, n, &ss, nullptr);
@@ -67,37 +68,28 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
                 rs = 1.0f / sqrtf(ss / (float)n + eps);
         }
         __syncthreads();
-        float r = rs;
+        return rs;
+    };
+    if (n <= RMS_HOLD * nt) {
+        float xv[RMS_HOLD], wv[RMS_HOLD];
 #pragma unroll
-        for (int m = 0; m < RMS_HOLD; m++) {
-            int i = threadIdx.x + m * nt;
-            if (i < n)
-                yt[i] = w ? xv[m] * r * wv[m] : xv[m] * r;
-        }
+        for (int m = 0; m < RMS_HOLD; m++)
+            get(threadIdx.x + m * nt, xv[m], wv[m]);
+        float r = scale();
+#pragma unroll
+        for (int m = 0; m < RMS_HOLD; m++)
+            put(threadIdx.x + m * nt, xv[m], wv[m], r);
         return;
     }
-    if (threadIdx.x < 32) {
-        float ss;
-        warp_sq64<RMS_SQ, false>(xt, nullptr, n, &ss, nullptr);
-        if (threadIdx.x == 0)
-            rs = 1.0f / sqrtf(ss / (float)n + eps);
-    }
-    __syncthreads();
-    float r = rs;
+    float r = scale();
     for (int i0 = threadIdx.x; i0 < n; i0 += RMS_BATCH * nt) {
         float xv[RMS_BATCH], wv[RMS_BATCH];
 #pragma unroll
-        for (int m = 0; m < RMS_BATCH; m++) {
-            int i = i0 + m * nt;
-            xv[m] = i < n ? xt[i] : 0.0f;
-            wv[m] = w && i < n ? w[i] : 0.0f;
-        }
+        for (int m = 0; m < RMS_BATCH; m++)
+            get(i0 + m * nt, xv[m], wv[m]);
 #pragma unroll
-        for (int m = 0; m < RMS_BATCH; m++) {
-            int i = i0 + m * nt;
-            if (i < n)
-                yt[i] = w ? xv[m] * r * wv[m] : xv[m] * r;
-        }
+        for (int m = 0; m < RMS_BATCH; m++)
+            put(i0 + m * nt, xv[m], wv[m], r);
     }
 }
 

@@ -181,6 +181,55 @@ __device__ __forceinline__ void nib_group(uint32_t word, float sc, float s126, c
         nib_one<FMT, FAST, TT>(word, sc, s126, xv, acc);
 }
 
+/* Column block blk's activations of every token, [TT][C], into dst by asynchronous copies (the
+ * caller commits them), tokens past T as +0; the block's NT threads call. */
+template <int TT, int C, int NT>
+__device__ __forceinline__ void gv_copy_x(float *dst, const float *x, size_t ldx, int T, int blk)
+{
+    for (int e = threadIdx.x; e < TT * C; e += NT) {
+        int k = e / C, c = e % C;
+        if (k < T)
+            __pipeline_memcpy_async(dst + e, x + (size_t)k * ldx + (size_t)blk * C + c, 4);
+        else
+            dst[e] = 0.0f;
+    }
+}
+
+/* One column block of C columns for a thread of one lane (k_gemv's 8- to 32-bit formats and
+ * k_gemv_st): lane `lane` of the warp's rows half * RT .. + RT, whose raw bytes are at
+ * rw + row_at(row), each element decoded exactly and multiplied by its group's scale (scale(row,
+ * group); the unscaled formats have none), then added into every token's sum: acc[j][k] is row
+ * j's lane for token k, the block's activations xb [TT][C]. */
+template <int FMT, int TT, int RT, int C, typename RowAt, typename Scale>
+__device__ __forceinline__ void gv_lanes(const uint4 *rw, RowAt row_at, const float *xb, int half, int lane,
+                                         const float *e2m1, Scale scale, float (&acc)[RT][TT])
+{
+#pragma unroll 2
+    for (int g = 0; g < C / 32; g++) {
+        float sc[RT];
+#pragma unroll
+        for (int j = 0; j < RT; j++)
+            sc[j] = has_scale<FMT>() ? scale(half * RT + j, g) : 1.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int c = lane_col<FMT>(lane, 2 * g + h);
+            float xv[TT];
+#pragma unroll
+            for (int k = 0; k < TT; k++)
+                xv[k] = xb[k * C + c];
+#pragma unroll
+            for (int j = 0; j < RT; j++) {
+                float wv = d_code<FMT>((const uint8_t *)&rw[row_at(half * RT + j)], c, e2m1);
+                if (has_scale<FMT>())
+                    wv = wv * sc[j];
+#pragma unroll
+                for (int k = 0; k < TT; k++)
+                    acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
+            }
+        }
+    }
+}
+
 template <int FMT, int TT, int N>
 __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> set)
 {
@@ -229,14 +278,7 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
             }
     };
     auto load_x = [&](int blk) {
-        float *dst = xs[blk & 1];
-        for (int e = threadIdx.x; e < TT * C; e += NT) {
-            int k = e / C, c = e % C;
-            if (k < T)
-                __pipeline_memcpy_async(dst + e, x + (size_t)k * ldx + (size_t)blk * C + c, 4);
-            else
-                dst[e] = 0.0f;
-        }
+        gv_copy_x<TT, C, NT>(xs[blk & 1], x, ldx, T, blk);
         __pipeline_commit();
     };
     load_x(0);
@@ -290,30 +332,8 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv(const gv_set<N> s
             else /* some sc x 2^126 is no float (or sc is NaN) */
                 groups(std::false_type());
         } else {
-#pragma unroll 2
-            for (int g = 0; g < C / 32; g++) {
-                float sc[RT];
-#pragma unroll
-                for (int j = 0; j < RT; j++)
-                    sc[j] = has_scale<FMT>() ? scs[warp][(half * RT + j) * NG + g] : 1.0f;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int c = lane_col<FMT>(lane, 2 * g + h);
-                    float xv[TT];
-#pragma unroll
-                    for (int k = 0; k < TT; k++)
-                        xv[k] = xb[k * C + c];
-#pragma unroll
-                    for (int j = 0; j < RT; j++) {
-                        float wv = d_code<FMT>((const uint8_t *)&raw[warp][row_at(half * RT + j)], c, e2m1);
-                        if (has_scale<FMT>())
-                            wv = wv * sc[j];
-#pragma unroll
-                        for (int k = 0; k < TT; k++)
-                            acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
-                    }
-                }
-            }
+            gv_lanes<FMT, TT, RT, C>(raw[warp], row_at, xb, half, lane, e2m1,
+                                     [&](int rr, int g) { return scs[warp][rr * NG + g]; }, acc);
         }
         __syncthreads(); /* every warp is done with xs[b & 1] before block b + 2 is copied there */
     }
@@ -364,14 +384,7 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv_st(const gv_set<N
                                         (const uint4 *)(w.data + (size_t)r * w.row_bytes + (size_t)blk * RB) + idx % V,
                                         16);
             }
-            float *dst = xs[blk % S];
-            for (int e = threadIdx.x; e < TT * C; e += NT) {
-                int k = e / C, c = e % C;
-                if (k < T)
-                    __pipeline_memcpy_async(dst + e, x + (size_t)k * ldx + (size_t)blk * C + c, 4);
-                else
-                    dst[e] = 0.0f;
-            }
+            gv_copy_x<TT, C, NT>(xs[blk % S], x, ldx, T, blk);
         }
         __pipeline_commit();
     };
@@ -383,26 +396,8 @@ __global__ void __launch_bounds__(32 * gv_warps<FMT>()) k_gemv_st(const gv_set<N
         load(b + S - 1); /* into the stage block b - 1 left (every warp was done with it) */
         __pipeline_wait_prior(S - 1);
         __syncthreads(); /* block b's weights and activations are in place */
-        const float *xb = xs[b % S];
-        const uint4 *rw = raw[b % S][warp];
-#pragma unroll 2
-        for (int g = 0; g < C / 32; g++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int c = lane_col<FMT>(lane, 2 * g + h);
-                float xv[TT];
-#pragma unroll
-                for (int k = 0; k < TT; k++)
-                    xv[k] = xb[k * C + c];
-#pragma unroll
-                for (int j = 0; j < RT; j++) {
-                    float wv = d_code<FMT>((const uint8_t *)&rw[row_at(half * RT + j)], c, nullptr);
-#pragma unroll
-                    for (int k = 0; k < TT; k++)
-                        acc[j][k] = __fmaf_rn(wv, xv[k], acc[j][k]);
-                }
-            }
-        }
+        gv_lanes<FMT, TT, RT, C>(raw[b % S][warp], row_at, xs[b % S], half, lane, nullptr,
+                                 [](int, int) { return 1.0f; }, acc);
         __syncthreads(); /* every warp is done with stage b % S before block b + S is copied there */
     }
     tile_store<RT, TT>(acc, rbase + half * RT, 0, r0, r1, T, y, ldy);
