@@ -20,19 +20,38 @@ static const double EXPLORE_SHARE = 0.02;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
-/* what each position adds to a pass's compute, relative to a one-position pass's compute: as the
- * prompt's passes measured it, at least COMPUTE_PER_POS and at most a whole pass */
-static double compute_per_pos(const econ *e)
+/* A pass of T positions' compute in one position's: T^a, the power through a plain pass (1, its
+ * compute) and the prompt's passes (prefill_T positions each, in their measured compute), at least
+ * 1 + COMPUTE_PER_POS (T - 1) and at most T. A small pass costs nearly a plain pass a position and
+ * a large one far less: from RAM on the bundled model a pass of 2 cost 1.84 plain ones, 3: 2.7-3.1,
+ * 10: 7.4, 32: 18.4, and the prompt's 144 positions 78 (a = 0.88 gives 1.84, 2.62, 7.5 and 20.8);
+ * a straight line through the prompt's compute per position (0.55 of a plain pass) judged a pass
+ * of 2 at 1.55 and 3 at 2.1, too cheap, so each chat reply's first n-gram guess was verified at
+ * that price and refused (bench/results/drafting.md, 2026-12-06, twelfth session). Once two sizes
+ * are measured, the slope between them corrects the curve (cost_judged). A prompt run a position
+ * a pass says nothing of batching: a = 1. */
+static void compute_shapes(econ *e)
 {
-    double c1 = e->pass_s[1] * (1 - e->io_frac), c = c1 > 0 ? e->prefill_pos_s / c1 : 0;
-    return c < COMPUTE_PER_POS ? COMPUTE_PER_POS : c > 1 ? 1 : c;
+    double c1 = e->pass_s[1] * (1 - e->io_frac), a = 0;
+    if (c1 > 0 && e->prefill_pos_s > 0) {
+        double r = e->prefill_pos_s * e->prefill_T / c1; /* a prompt pass, in plain passes' compute */
+        a = e->prefill_T < 2 ? 1 : r > 1 ? log(r) / log(e->prefill_T) : 0;
+        a = a < 1 ? a : 1;
+    }
+    if (e->comp[1] > 0 && fabs(a - e->comp_a) < 2e-3)
+        return; /* (a pass of 32 then moves by under 0.7%: 32 exponentials a step spared) */
+    e->comp_a = a;
+    for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++) {
+        double lin = 1 + COMPUTE_PER_POS * (T - 1), p = a > 0 ? exp(a * log((double)T)) : 0;
+        e->comp[T] = p > lin ? p : lin;
+    }
 }
 
-/* a pass of T positions relative to one, by the model of generate.h: compute grows with T by what
- * the prompt showed a position costs, reads with the union of the experts the positions route to */
+/* a pass of T positions relative to one, by the model of generate.h: compute grows with T as the
+ * prompt showed (compute_shapes), reads with the union of the experts the positions route to */
 static double shape(const econ *e, int T)
 {
-    return (1 - e->io_frac) * (1 + compute_per_pos(e) * (T - 1)) + e->io_frac * e->union_ratio[T];
+    return (1 - e->io_frac) * e->comp[T] + e->io_frac * e->union_ratio[T];
 }
 
 /* the time of a pass of T positions: measured; or, between two measured sizes t2 < T < t3,
@@ -88,6 +107,7 @@ static double cost_judged(const econ *e, int T)
  * 2026-12-06, later) */
 static void costs_update(econ *e)
 {
+    compute_shapes(e);
     for (int T = 1; T <= GEN_MAX_DRAFT + 1; T++)
         e->cost[T] = cost_judged(e, T);
 }
@@ -386,11 +406,13 @@ double econ_pass_cost(const econ *e, int T)
     return pass_cost(e, T);
 }
 
-void econ_prefilled(econ *e, int positions, double seconds, double stalled)
+void econ_prefilled(econ *e, int positions, int passes, double seconds, double stalled)
 {
-    assert(positions >= 0 && seconds >= 0);
-    if (positions >= PREFILL_MIN && seconds > stalled)
+    assert(positions >= 0 && passes >= 0 && seconds >= 0);
+    if (positions >= PREFILL_MIN && passes > 0 && seconds > stalled) {
         e->prefill_pos_s = (seconds - stalled) / positions;
+        e->prefill_T = (double)positions / passes;
+    }
     costs_update(e);
 }
 

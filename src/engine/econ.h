@@ -48,6 +48,9 @@ typedef struct econ {
     double cost[GEN_MAX_DRAFT + 2];   /* a pass's judged seconds by T (econ.c: cost_judged) */
     double io_frac;                   /* share of a one-position pass spent waiting on reads */
     double prefill_pos_s;             /* the prompt's compute seconds per position (0: not measured) */
+    double prefill_T;                 /* the prompt's positions per pass */
+    double comp[GEN_MAX_DRAFT + 2];   /* a pass's compute by T, in one position's (econ.c: compute_shapes) */
+    double comp_a;                    /* the power comp was made with */
     double union_ratio[GEN_MAX_DRAFT + 2]; /* experts T positions read / those one reads (uniform routing) */
     /* by drafter, class of its guesses (draft.h: cls) and block position j: */
     double acc[GEN_MAX_DRAFTERS][DRAFT_CLASSES][GEN_MAX_DRAFT]; /* EMA of keeping guess j, given the ones before */
@@ -96,10 +99,10 @@ int econ_verify(econ *e, int d, int cls, int m, int plain, const econ_step *st);
 /* drafter d's plain guesses g[0 .. n) of class cls for positions p0 .., of which the pass verifies
  * the first nver: the rest are ruled on by econ_decided */
 void econ_unverified(econ *e, int d, int cls, int64_t p0, const int32_t *g, int n, int nver, const econ_step *st);
-/* the prompt's passes ran `positions` in `seconds`, `stalled` of them waiting on reads: their
- * compute per position judges what a position adds to a pass of a size not yet run (from RAM on
- * the bundled model a pass of 3 cost 2.7-3.1 plain ones, where the fixed COMPUTE_PER_POS said 1.3) */
-void econ_prefilled(econ *e, int positions, double seconds, double stalled);
+/* the prompt's `passes` ran `positions` in `seconds`, `stalled` of them waiting on reads: how their
+ * compute compares with a plain pass's judges a pass of a size not yet run (from RAM on the bundled
+ * model a pass of 3 cost 2.7-3.1 plain ones, where the fixed COMPUTE_PER_POS said 1.3) */
+void econ_prefilled(econ *e, int positions, int passes, double seconds, double stalled);
 /* the predicted seconds of a pass of T positions */
 double econ_pass_cost(const econ *e, int T);
 void econ_passed(econ *e, int T, double took, double stalled);

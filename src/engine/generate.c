@@ -139,7 +139,8 @@ int gen_run(session *s, sampler *sm, const gen_req *rq, gen_token_fn cb, gen_log
     econ ec;
     const hparams *hp = s->hp;
     econ_init(&ec, rq->drafters, nd, hp->top_k, hp->n_experts, s->e->store != NULL);
-    econ_prefilled(&ec, (int)(after.positions_run - before.positions_run), st->t_prefill, stall_sync);
+    econ_prefilled(&ec, (int)(after.positions_run - before.positions_run), (int)(after.passes - before.passes),
+                   st->t_prefill, stall_sync);
     if (nd > 0) {
         seq_cap = session_context(s) + 1;
         if (!(seq = malloc(sizeof *seq * (size_t)seq_cap)))

@@ -20,8 +20,9 @@
  * as likely for a free drafter); its cost, the measured time of a pass of k + 1 positions, or,
  * before that size ran, interpolated between the measured sizes around it, or, above the largest,
  * extrapolated from the two largest measured along a model (the part spent waiting on reads grows
- * with the union of the experts the positions route to, uniform routing, the rest by the compute
- * per position the prompt's passes measured) and no dearer than the model scales the largest measured one, plus
+ * with the union of the experts the positions route to, uniform routing, the rest as the power of
+ * the positions that a plain pass and the prompt's passes measured) and no dearer than the model
+ * scales the largest measured one, plus
  * the drafter's own time.
  * The step takes the drafter and k with the best E(k) / cost; the guesses it returns are verified
  * only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
