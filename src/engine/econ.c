@@ -17,6 +17,13 @@ static const int PREFILL_MIN = 16;
 static const double FREE_SHARE = 0.01, ACC_OPTIMISM = 0.25;
 /* the most of a request's plain decode that learning whether a model drafter pays may cost */
 static const double EXPLORE_SHARE = 0.02;
+/* how much more a second a free drafter's guesses must bring than a plain pass to be verified. Its
+ * class's estimate, from a few rulings, is highest exactly when a step bets on it: from RAM on chat,
+ * classes judged 0.83-0.88 kept were verified at 1.84 plain passes for a pass of 2 (a percent or two
+ * to gain) and refused. With the margin, chat from RAM paired 0.976 -> 0.985 and 0.974 -> 0.980 of no
+ * drafting, the store unchanged; applied to model drafters too, DSpark's store chat lost 1.33x ->
+ * 1.32x (bench/results/drafting.md, 2026-12-06, twelfth session). */
+static const double VERIFY_MARGIN = 0.05;
 
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA) * *x + EMA * v : v; }
 
@@ -157,7 +164,8 @@ static double acc_at(const econ *e, int d, int c, int j, int opt, double b)
 
 /* the k <= kmax (0: none) with the most tokens per second for drafter d's guesses of class c, judged
  * as opt says (ACC_MEASURED: as a free drafter's are, ACC_FREE, when d is one), proposing costing
- * `extra`: k guesses bring E(k) = 1 + sum_i prod_{j<=i} acc_at(j) tokens, summed here as k grows */
+ * `extra`: k guesses bring E(k) = 1 + sum_i prod_{j<=i} acc_at(j) tokens, summed here as k grows;
+ * a free drafter's k must beat a plain pass by VERIFY_MARGIN */
 static int best_k(const econ *e, int d, int c, int kmax, double extra, int opt, double *rate)
 {
     int best = 0;
@@ -165,12 +173,13 @@ static int best_k(const econ *e, int d, int c, int kmax, double extra, int opt, 
     if (opt == ACC_MEASURED && econ_is_free(e, d))
         opt = ACC_FREE;
     *rate = 1.0 / pass_cost(e, 1);
+    const double need = opt == ACC_FREE ? (1 + VERIFY_MARGIN) * *rate : *rate;
     for (int k = 1; k <= kmax; k++) {
         b = acc_at(e, d, c, k - 1, opt, b);
         run *= b;
         E += run;
         double r = E / (pass_cost(e, k + 1) + extra);
-        if (r > *rate) {
+        if (r > *rate && r > need) {
             *rate = r;
             best = k;
         }

@@ -24,8 +24,8 @@
  * the positions that a plain pass and the prompt's passes measured) and no dearer than the model
  * scales the largest measured one, plus
  * the drafter's own time.
- * The step takes the drafter and k with the best E(k) / cost; the guesses it returns are verified
- * only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
+ * The step takes the drafter and k with the best E(k) / cost (a free drafter's by a 5% margin over
+ * a plain pass); the guesses it returns are verified only as far as their class pays. Plain guesses a pass does not verify are ruled on as the target
  * decides their positions (what a verify would have ruled), so a class's first guesses, a model
  * drafter's warm-up (one guess a step, or a block drafter's whole block, for ECON_WARMUP steps
  * that had guesses, only in steps where no free drafter's guesses pay), its asks while it might pay
