@@ -152,3 +152,43 @@ TEST(sampler_rejects_bad_settings)
     c.temperature = -1.0f;
     CHECK(sampler_init(&s, &c, 10, &err) != 0);
 }
+
+/* the plain scan sampler_argmax must agree with: the first index of the largest value */
+static int32_t argmax_scan(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* sampler_argmax's lanes give the plain scan's index on every length (1 .. 70 and a vocabulary's),
+ * with ties, signed zeros, infinities and NaN anywhere, the first element's too */
+TEST(sampler_argmax_is_the_plain_scan)
+{
+    rng r;
+    rng_seed(&r, 7);
+    static float v[4099];
+    int bad = 0;
+    for (int t = 0; t < 20000 && !bad; t++) {
+        int n = t < 70 ? t + 1 : 1 + (int)(rng_next(&r) % 4099);
+        for (int i = 0; i < n; i++) {
+            uint64_t k = rng_next(&r);
+            float x = (float)(int)(k % 7) - 3.0f;
+            switch ((k >> 8) % 40) {
+            case 0: x = -0.0f; break;
+            case 1: x = NAN; break;
+            case 2: x = -INFINITY; break;
+            case 3: x = (k >> 16) % 100 ? x : INFINITY; break;
+            default: break;
+            }
+            v[i] = x;
+        }
+        int32_t a = sampler_argmax(v, n), e = argmax_scan(v, n);
+        if (a != e) {
+            CHECKF(0, "length %d (trial %d): %d where the scan gives %d", n, t, a, e);
+            bad = 1;
+        }
+    }
+}
