@@ -51,6 +51,8 @@ int32_t sampler_argmax(const float *v, int n)
     enum { L = 16 };
     float lm[L];
     int li[L], i = 0;
+    if (n <= 0)
+        return 0;
     for (int j = 0; j < L; j++)
         lm[j] = v[0], li[j] = 0;
     for (; i + L <= n; i += L)
