@@ -391,8 +391,8 @@ TEST(econ_catch_up_is_set_apart_after_a_gap_only)
 
 /* From RAM on the bundled model a pass of 2 positions cost 1.84 plain ones and one of 3 2.7-3.1,
  * where the fixed per-position term judged them 1.15 and 1.3, and a straight line through the
- * prompt's compute per position 1.55 and 2.1: each chat reply's first n-gram verify was tried at
- * that price and refused. The power through a plain pass and the prompt's (149 positions in 55 ms,
+ * prompt's compute per position (0.55-0.62 of a plain pass) 1.55-1.62 and 2.1-2.2: each chat
+ * reply's first n-gram verify was tried at that price and refused. The power through a plain pass and the prompt's (149 positions in 55 ms,
  * one pass, against a plain pass of 0.6 ms) judges them 1.87 and 2.70, and a class kept once in
  * its first two rulings is not verified, also where the plain pass measured is a cold one (the
  * first after a prompt: 0.8 ms); judged without the prompt, 2 of its guesses were. */
@@ -424,9 +424,9 @@ TEST(econ_a_size_not_yet_run_is_judged_by_the_prompts_compute)
            verified[1], verified[2]);
 }
 
-/* The prompt run in passes of 4 positions (149 in 38 passes, 9.3 ms) says less of large passes than
- * one pass would, but as much of small ones: the power through its passes of 4 (1.53 plain passes'
- * compute each) judges a pass of 2 at 1.23 plain ones, not by a pass of 149. */
+/* A prompt run in passes of 4 positions (149 in 38 passes, 9.3 ms): the power is fitted through
+ * its passes of 4 (1.53 plain passes' compute each) and judges a pass of 2 at 1.24 plain ones; the
+ * same time taken as one pass of 149 would judge it 1.76. */
 TEST(econ_a_chunked_prompt_judges_by_its_pass_size)
 {
     drafter dr = {.name = "free", .propose = silent_propose};
