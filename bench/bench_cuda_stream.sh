@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# bench/bench_cuda_stream.sh DELTAFIN WORKDIR RAM VRAM [NEW] [CPU_RAM] — streaming decode on the GPU from the
-# machine's disk, with a VRAM budget below the model: WORKDIR/kw (a `synth --preset k3-wide`, made
-# by bench_cuda.sh or here) is laid out as a DFSP store on WORKDIR/drv (`prepare`, read with
-# O_DIRECT), `doctor` measures that drive's O_DIRECT rate, then `run --device cuda --ram-budget RAM
-# --vram-budget VRAM` decodes NEW tokens (default 32) after a 16-token prompt with --stats (the
-# store's read rate is its bytes over the run), and the same run on the CPU (--ram-budget CPU_RAM,
-# default RAM) gives the same ids. The GPU keeps the layer spines in VRAM and lets them go from RAM,
-# so RAM holds that many more experts: 4G and 3G cache every expert of the 6 GB model between the
-# two (bench/results/cuda.md, 2026-12-06, twelfth session), and a RAM below the CPU's spines makes
-# the GPU stream.
+# bench/bench_cuda_stream.sh DELTAFIN WORKDIR RAM VRAM [NEW] [CPU_RAM] — streaming decode on the GPU
+# from the machine's disk, with a VRAM budget below the model: WORKDIR/kw (a `synth --preset
+# k3-wide`, made by bench_cuda.sh or here) is laid out as a DFSP store on WORKDIR/drv (`prepare`,
+# read with O_DIRECT), `doctor` measures that drive's O_DIRECT rate and leaves its tuning there (the
+# request size and depth the store then reads with, as after a user's `doctor`), then `run --device
+# cuda --ram-budget RAM --vram-budget VRAM` decodes NEW tokens (default 32) after a 16-token prompt
+# with --stats (the store's read rate is its bytes over the run), and the same run on the CPU
+# (--ram-budget CPU_RAM, default RAM) gives the same ids. The GPU keeps the layer spines in VRAM and
+# lets them go from RAM, so RAM holds that many more experts: 4G and 3G cache every expert of the
+# 6 GB model between the two (bench/results/cuda.md, 2026-12-06, twelfth session), and a RAM below
+# the CPU's spines makes the GPU stream.
 set -euo pipefail
 bin=${1:?usage: bench/bench_cuda_stream.sh DELTAFIN WORKDIR RAM VRAM [NEW] [CPU_RAM]}
 work=${2:?}
@@ -21,7 +22,7 @@ mkdir -p "$work"
 mkdir -p "$work/drv"
 [ -f "$work/st/manifest.json" ] || { echo "== prepare"; "$bin" prepare --model "$work/kw" --out "$work/st" --drives "$work/drv" | tail -n 2; }
 echo "== doctor"
-"$bin" doctor --drives "$work/drv" --no-save | head -n 12
+"$bin" doctor --drives "$work/drv" | head -n 14
 ids=$(seq 1 16 | awk '{ printf "%s%d", (NR > 1 ? "," : ""), ($1 * 7919) % 32000 + 1 }')
 for dev in cuda cpu; do
   extra=() budget=$cpu_ram
