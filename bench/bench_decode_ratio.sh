@@ -13,8 +13,8 @@
 #   2G: the expert working set, 13 of 24 layer spines resident, the other 11 streamed (k3-wide:
 #       the layer spines that do not fit stream too)
 # The figure is --stats' "decode: drive 0 read R GB/s (Q of doctor's D GB/s) (P of the C GB/s
-# doctor read the store's pack at)" line: bytes read after the first token over the time after
-# it, so the prompt's reads do not count.
+# doctor read the store's pack at) (U of the S GB/s doctor sustained)" line: bytes read after the
+# first token over the time after it, so the prompt's reads do not count.
 # Last, the same two decodes through an emulated drive of a fixed 1200 MB/s and 100 us (below
 # this VM disk's cold-data rate, so the emulation, not the disk, sets the pace): the share of a
 # drive of known, steady speed that decode keeps busy, apart from the VM disk's own swings.

@@ -1014,6 +1014,8 @@ TEST(store_drive_tuning_is_used)
     CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'depth'"), "%s", err.msg);
     write_text(tf, "{\"request_bytes\": 65536, \"depth\": 2, \"best_gbps\": -1}");
     CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'best_gbps'"), "%s", err.msg);
+    write_text(tf, "{\"request_bytes\": 65536, \"depth\": 2, \"sustained_gbps\": \"fast\"}");
+    CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, "'sustained_gbps'"), "%s", err.msg);
     write_text(tf, "{\"request_bytes\": 65536,");
     CHECKF(io_tune_load(&c, 1, d1, &err) == -1 && strstr(err.msg, tf), "%s", err.msg);
     /* a store whose drive folder holds a malformed tuning file does not open */
@@ -1023,7 +1025,7 @@ TEST(store_drive_tuning_is_used)
     CHECKF(!bad && strstr(err.msg, IO_TUNE_FILE), "opened with a malformed %s (%s)", tf, bad ? "" : err.msg);
     store_free(bad);
     unlink(tf);
-    CHECKF(io_tune_save(d0, 8192, 2, 1.0, 2.5, 0, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
+    CHECKF(io_tune_save(d0, 8192, 2, 1.0, 2.5, 0, 0, &err) == 0, "%s", err.msg); /* drive 0: 8 KiB x 2 */
     float *ref = run(&dm, NULL, NIDS, &err);
     store *st = open_store(&dm, &info, &bt, 3, 0, NULL, &err);
     CHECKF(ref && st, "%s", err.msg);
@@ -1057,8 +1059,8 @@ TEST(store_drive_tuning_is_used)
     CHECKF(d0m >= 1.0 && d0m <= 2.0 + 1e-9, "drive 0: mean depth %.3f with a depth of 2", d0m);
 }
 
-/* doctor --drives measures and leaves the tuning that store_drive_tuning_is_used reads; --no-save
- * leaves nothing */
+/* doctor --drives measures and leaves the tuning that store_drive_tuning_is_used reads (with the
+ * rate its random reads keep up unless --sustain 0); --no-save leaves nothing */
 TEST(store_doctor_saves_drive_tuning)
 {
     char cmd[9000], out[8192], tf[4300];
@@ -1066,7 +1068,8 @@ TEST(store_doctor_saves_drive_tuning)
     char *a = dir_in_tmp("doctor-a"), *b = dir_in_tmp("doctor-b");
     mkdir(a, 0755);
     mkdir(b, 0755);
-    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s doctor --drives %s --size 64M --no-save",
+    snprintf(cmd, sizeof cmd,
+             "%s doctor --drives %s --size 64M --sustain 0 && %s doctor --drives %s --size 64M --sustain 0.3 --no-save",
              tu_bin(), a, tu_bin(), b);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "GB/s"), "%s", out);
     io_cfg c;
@@ -1075,6 +1078,7 @@ TEST(store_doctor_saves_drive_tuning)
     CHECKF(c.drive_depth[0] >= 1 && c.drive_chunk[0] >= 4096, "depth %d request %llu", c.drive_depth[0],
            (unsigned long long)c.drive_chunk[0]);
     CHECKF(c.drive_best_gbps[0] > 0, "no best rate saved");
+    CHECKF(c.drive_sustained_gbps[0] == 0, "a sustained rate %g saved after --sustain 0", c.drive_sustained_gbps[0]);
     snprintf(tf, sizeof tf, "%s/%s", b, IO_TUNE_FILE);
     CHECKF(access(tf, F_OK) != 0, "%s exists after --no-save", tf);
     /* a store on the measured drive: --stats puts each drive's rate over the run against doctor's */
@@ -1086,13 +1090,15 @@ TEST(store_doctor_saves_drive_tuning)
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " of doctor's "), "%s", out);
     /* measured again with the store's pack in the folder: random reads of it (cold model data) are
      * reported, saved, and --stats puts decode's rate against them too */
-    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M && %s run --model %s --tokens 3,4,5 --max-new 4 "
-             "--ram-budget 10M --stats 2>&1", tu_bin(), a, tu_bin(), st);
+    snprintf(cmd, sizeof cmd, "%s doctor --drives %s --size 64M --sustain 0.3 && %s run --model %s --tokens 3,4,5 "
+             "--max-new 4 --ram-budget 10M --stats 2>&1", tu_bin(), a, tu_bin(), st);
     CHECKF(tu_run(cmd, out, sizeof out) == 0 && strstr(out, " GB/s |\n") &&
-               strstr(out, "doctor read the store's pack at"),
+               strstr(out, "doctor read the store's pack at") && strstr(out, "GB/s doctor sustained)"),
            "%s", out);
     CHECKF(io_tune_load(&c, 0, a, &err) == 1 && c.drive_cold_gbps[0] > 0, "cold rate %g (%s)", c.drive_cold_gbps[0],
            err.msg);
+    /* and the tuning's reads of the pack in order kept up for --sustain seconds */
+    CHECKF(c.drive_sustained_gbps[0] > 0, "no sustained rate saved");
     /* the tuning was picked from the pack's grid: its own rate is within 5% of that grid's best */
     char tfa[4300];
     snprintf(tfa, sizeof tfa, "%s/%s", a, IO_TUNE_FILE);

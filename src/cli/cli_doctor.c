@@ -23,7 +23,8 @@
 #include "store/store.h"
 
 static const char *HELP =
-    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--no-save] [--model DIR] [--verbose]\n"
+    "usage: deltafin doctor [--drives DIR,...] [--size BYTES] [--sustain SECONDS] [--no-save] [--model DIR]\n"
+    "                       [--verbose]\n"
     "For each drive folder: O_DIRECT sequential read bandwidth at several request sizes and queue\n"
     "depths (best reported), and 4 KiB random-read latency p50/p99, on a temporary file (default\n"
     "1G) that is removed afterwards; --verbose prints the whole size x depth grid. The smallest\n"
@@ -32,7 +33,10 @@ static const char *HELP =
     "reads that drive with it (--no-save: measure only). When DIR holds a store's pack, the same\n"
     "grid of random reads of it is measured too (cold model data, each cell at most 2 s), and the\n"
     "tuning is picked from that grid; its best is saved beside the tuning, and run --stats puts\n"
-    "decode's reads against it. With --model DIR: reads every blob of a DFSP store and checks its\n"
+    "decode's reads against it. A cell stops after --size bytes, a burst of under a second on a\n"
+    "fast drive, so the picked request x depth then reads the pack (else the temporary file) in\n"
+    "order for --sustain seconds (default 4; 0 skips): the rate the drive keeps up, saved and put\n"
+    "against decode's reads as well. With --model DIR: reads every blob of a DFSP store and checks its\n"
     "xxh3 checksum, and (a store or a Hugging Face folder) checks that every weight is finite,\n"
     "naming the tensor, row and column of the first that is not.\n";
 
@@ -61,8 +65,8 @@ static int write_temp(const char *path, uint64_t size, errbuf *err)
 }
 
 /* O_DIRECT reads of `size` bytes of the file's first `span` bytes, with `depth` requests of `req`
- * bytes in flight: in order from the start, or at random req-aligned offsets; with max_s > 0 they
- * stop after that many seconds (the rate is of what was read by then) */
+ * bytes in flight: in order from the start (around again past the span), or at random req-aligned
+ * offsets; with max_s > 0 they stop after that many seconds (the rate is of what was read by then) */
 static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t req, int depth, int random,
                       double max_s, errbuf *err)
 {
@@ -89,7 +93,7 @@ static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t r
         if (max_s > 0 && done > 0 && timer_now() - t0 > max_s)
             size = off; /* let what is in flight land, then stop */
         while (inflight < depth && off < size) {
-            uint64_t at = random ? (rng_next(&r) % slots) * req : off;
+            uint64_t at = (random ? rng_next(&r) : off / req) % slots * req;
             if (io_read(io, f, at, req, buf + (size_t)(inflight % depth) * req, at, err) != 0)
                 break;
             off += req;
@@ -104,6 +108,16 @@ static double read_bw(const char *path, uint64_t span, uint64_t size, uint64_t r
     io_free(io);
     free(buf);
     return done >= size ? (double)size / dt / 1e9 : -1;
+}
+
+/* the tuning's reads of path in order kept up for max_s seconds (the cells above stop after `size`
+ * bytes: a burst of under a second on a fast drive); -1 if a read failed. In order, not at random:
+ * the store reads an expert's requests in order, and random reads of 1 MiB kept up for 4 s ran
+ * at 1.86-1.91 GB/s where decode read 2.14-2.45 from the same drive (bench/results/cuda.md,
+ * fifteenth session). */
+static double sustained_bw(const char *path, uint64_t span, uint64_t req, int depth, double max_s, errbuf *err)
+{
+    return read_bw(path, span, (uint64_t)1 << 50, req, depth, 0, max_s, err);
 }
 
 static const uint64_t grid_req[3] = {128 << 10, 1 << 20, 4 << 20};
@@ -241,7 +255,7 @@ static void rand_lat(const char *path, uint64_t size, double *p50, double *p99, 
 
 int cmd_doctor(int argc, char **argv)
 {
-    const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *v;
+    const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *sustain_s = "4", *v;
     int verbose = 0, save_tuning = 1;
     for (int i = 1; i < argc; i++) {
         int r;
@@ -258,6 +272,8 @@ int cmd_doctor(int argc, char **argv)
             drives = v;
         } else if ((r = cli_opt(argc, argv, &i, "--size", &v))) {
             size_s = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--sustain", &v))) {
+            sustain_s = v;
         } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
             model = v;
         } else {
@@ -270,6 +286,10 @@ int cmd_doctor(int argc, char **argv)
     if (store_parse_bytes(size_s, &size) != 0 || size < (64u << 20))
         return cli_usage(cmd, "--size expects at least 64M, got '%s'", size_s);
     size = size / (8u << 20) * (8u << 20);
+    char *end;
+    double sustain = strtod(sustain_s, &end);
+    if (end == sustain_s || *end || !(sustain >= 0 && sustain <= 600))
+        return cli_usage(cmd, "--sustain expects seconds in [0, 600], got '%s'", sustain_s);
     errbuf err;
     if (!drives && !model)
         drives = ".";
@@ -278,8 +298,10 @@ int cmd_doctor(int argc, char **argv)
     if (drives) {
         char buf[8192], *save = NULL;
         snprintf(buf, sizeof buf, "%s", drives);
-        printf("| drive | best O_DIRECT read | request x depth | 4 KiB read p50 | p99 | store pack, random reads |\n"
-               "|---|---|---|---|---|---|\n");
+        printf("| drive | best O_DIRECT read | request x depth | 4 KiB read p50 | p99 | store pack, random reads | "
+               "sustained %g s |\n"
+               "|---|---|---|---|---|---|---|\n",
+               sustain);
         for (char *d = strtok_r(buf, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
             char path[4200];
             snprintf(path, sizeof path, "%s/.deltafin-doctor.%ld.tmp", d, (long)getpid());
@@ -303,6 +325,9 @@ int cmd_doctor(int argc, char **argv)
                     bad = grid_confirm(path, size, size, 0, 0, grid, &br, &bd, &bg, verbose, &err) != 0;
             }
             rand_lat(path, size, &p50, &p99, &err);
+            double sus = 0; /* on the pack when there is one, below */
+            if (!bad && !use_pack && sustain > 0 && (sus = sustained_bw(path, size, br, bd, sustain, &err)) < 0)
+                bad = 1;
             unlink(path);
             if (bad) {
                 errbuf_set(&err, "%s: could not read the test file", d);
@@ -325,11 +350,18 @@ int cmd_doctor(int argc, char **argv)
                     return cli_fail(cmd, &err);
                 }
                 snprintf(cold_s, sizeof cold_s, "%.2f GB/s", cold);
+                if (sustain > 0 && (sus = sustained_bw(pack, pack_size, br, bd, sustain, &err)) < 0) {
+                    errbuf_set(&err, "%s: could not read %s", d, pack);
+                    return cli_fail(cmd, &err);
+                }
             }
-            printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us | %s |\n", d, best,
-                   (unsigned long long)(br >> 10), bd, p50, p99, cold_s);
+            char sus_s[64] = "-";
+            if (sus > 0)
+                snprintf(sus_s, sizeof sus_s, "%.2f GB/s", sus);
+            printf("| %s | %.2f GB/s | %llu KiB x %d | %.0f us | %.0f us | %s | %s |\n", d, best,
+                   (unsigned long long)(br >> 10), bd, p50, p99, cold_s, sus_s);
             fflush(stdout); /* before the next drive's --verbose grids on stderr */
-            if (save_tuning && io_tune_save(d, br, bd, bg, best, cold, &err) != 0)
+            if (save_tuning && io_tune_save(d, br, bd, bg, best, cold, sus, &err) != 0)
                 return cli_fail(cmd, &err);
             if (save_tuning)
                 fprintf(stderr, "doctor: saved %s/%s (%llu KiB x %d, %.2f GB/s)\n", d, IO_TUNE_FILE,

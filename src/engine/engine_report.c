@@ -7,11 +7,13 @@
 #include "engine/stream.h"
 #include "store/store.h"
 
-/* " (Q of doctor's D GB/s) (P of the C GB/s doctor read the store's pack at)": drive d's read rate
- * against the drive's measured bests, each part when doctor measured it */
+/* " (Q of doctor's D GB/s) (P of the C GB/s doctor read the store's pack at) (R of the S GB/s doctor
+ * sustained)": drive d's read rate against the drive's measured bests and the rate its tuning
+ * kept up, each part when doctor measured it */
 static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, size_t cap)
 {
     double doc = io_drive_best_gbps(io, d), cold = io_drive_cold_gbps(io, d), emu = io_drive_emulated_gbps(io, d);
+    double sus = io_drive_sustained_gbps(io, d);
     int n = 0;
     buf[0] = 0;
     if (emu > 0) { /* the emulation sets the pace: doctor's figures are the real disk's under it */
@@ -21,8 +23,10 @@ static const char *drive_ratios(io_engine *io, int d, double gbps, char *buf, si
     if (doc > 0)
         n = snprintf(buf, cap, " (%.2f of doctor's %.2f GB/s)", gbps / doc, doc);
     if (cold > 0 && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, " (%.2f of the %.2f GB/s doctor read the store's pack at)", gbps / cold,
-                 cold);
+        n += snprintf(buf + n, cap - (size_t)n, " (%.2f of the %.2f GB/s doctor read the store's pack at)",
+                      gbps / cold, cold);
+    if (sus > 0 && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " (%.2f of the %.2f GB/s doctor sustained)", gbps / sus, sus);
     return buf;
 }
 
@@ -95,7 +99,7 @@ void engine_report(engine *e, FILE *f, int tokens, double seconds)
         io_drive_stats ds;
         io_stats(io, d, &ds);
         double run_gbps = seconds > 0 ? ds.bytes / 1e9 / seconds : 0.0;
-        char vs[200];
+        char vs[256];
         drive_ratios(io, d, run_gbps, vs, sizeof vs);
         fprintf(f,
                 "[stats] drive %d (%s, depth %d x %s requests): %s in %llu reads, %.2f GB/s while busy, "
@@ -141,7 +145,7 @@ void engine_report_decode(engine *e, FILE *f, int tokens)
         io_drive_stats ds;
         io_stats(store_io(e->store), d, &ds);
         double gbps = dt > 0 ? (double)(ds.bytes - e->mark_drive[d]) / 1e9 / dt : 0.0;
-        char vs[200];
+        char vs[256];
         fprintf(f, "[stats] decode: drive %d read %.2f GB/s%s\n", d, gbps,
                 drive_ratios(store_io(e->store), d, gbps, vs, sizeof vs));
     }

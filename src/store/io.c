@@ -206,11 +206,12 @@ int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err)
 int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *path, errbuf *err)
 {
     int64_t req = 0, depth = 0;
-    double best = 0, cold = 0;
+    double best = 0, cold = 0, sus = 0;
     if (d < 0 || d >= IO_MAX_DRIVES)
         return errbuf_set(err, "%s: drive %d is past the %d drives the engine takes", path, d, IO_MAX_DRIVES);
     if (jsonr_int(j, "request_bytes", &req, 0, path, err) != 0 || jsonr_int(j, "depth", &depth, 0, path, err) != 0 ||
-        jsonr_num(j, "best_gbps", &best, 1, path, err) != 0 || jsonr_num(j, "cold_gbps", &cold, 1, path, err) != 0)
+        jsonr_num(j, "best_gbps", &best, 1, path, err) != 0 || jsonr_num(j, "cold_gbps", &cold, 1, path, err) != 0 ||
+        jsonr_num(j, "sustained_gbps", &sus, 1, path, err) != 0)
         return -1;
     if (req < TUNE_MIN_REQ || req > TUNE_MAX_REQ || req % 4096)
         return errbuf_set(err, "%s: field 'request_bytes': %lld is not a multiple of 4096 in [4 KiB, 64 MiB]", path,
@@ -221,30 +222,36 @@ int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *path, errbuf *e
         return errbuf_set(err, "%s: field 'best_gbps': %g is not a bandwidth in GB/s", path, best);
     if (!(cold >= 0 && cold < 1e6))
         return errbuf_set(err, "%s: field 'cold_gbps': %g is not a bandwidth in GB/s", path, cold);
+    if (!(sus >= 0 && sus < 1e6))
+        return errbuf_set(err, "%s: field 'sustained_gbps': %g is not a bandwidth in GB/s", path, sus);
     c->drive_chunk[d] = (uint64_t)req;
     c->drive_depth[d] = (int)depth;
     c->drive_best_gbps[d] = best;
     c->drive_cold_gbps[d] = cold;
+    c->drive_sustained_gbps[d] = sus;
     return 1;
 }
 
 int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, double cold_gbps,
-                 errbuf *err)
+                 double sustained_gbps, errbuf *err)
 {
-    char path[4200], buf[400], cold[64] = "";
+    char path[4200], buf[480], cold[64] = "", sus[64] = "";
     snprintf(path, sizeof path, "%s/%s", dir, IO_TUNE_FILE);
     if (cold_gbps > 0)
         snprintf(cold, sizeof cold, "\"cold_gbps\": %.3f, ", cold_gbps);
+    if (sustained_gbps > 0)
+        snprintf(sus, sizeof sus, "\"sustained_gbps\": %.3f, ", sustained_gbps);
     int n = snprintf(buf, sizeof buf,
-                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, \"best_gbps\": %.3f, %s"
+                     "{\"request_bytes\": %llu, \"depth\": %d, \"gbps\": %.3f, \"best_gbps\": %.3f, %s%s"
                      "\"note\": \"deltafin doctor --drives: least in flight within 5%% of the best O_DIRECT read\"}\n",
-                     (unsigned long long)request_bytes, depth, gbps, best_gbps, cold);
+                     (unsigned long long)request_bytes, depth, gbps, best_gbps, cold, sus);
     return file_write_atomic(path, buf, (size_t)n, err);
 }
 
 int io_drive_depth(const io_engine *e, int d) { return e->cfg.drive_depth[d]; }
 double io_drive_best_gbps(const io_engine *e, int d) { return e->cfg.drive_best_gbps[d]; }
 double io_drive_cold_gbps(const io_engine *e, int d) { return e->cfg.drive_cold_gbps[d]; }
+double io_drive_sustained_gbps(const io_engine *e, int d) { return e->cfg.drive_sustained_gbps[d]; }
 double io_drive_emulated_gbps(const io_engine *e, int d) { return e->cfg.emu_mbps[d] / 1000.0; }
 uint64_t io_drive_chunk(const io_engine *e, int d) { return e->cfg.drive_chunk[d]; }
 int io_total_depth(const io_engine *e)

@@ -35,6 +35,8 @@ typedef struct io_cfg {
                                               file); 0: never measured */
     double drive_cold_gbps[IO_MAX_DRIVES]; /* doctor's random reads of a store's pack on the
                                               drive: cold model data; 0: not measured */
+    double drive_sustained_gbps[IO_MAX_DRIVES]; /* doctor's tuning held for seconds (reads
+                                                   in order); 0: not measured */
     int ndrives;
     double emu_mbps[IO_MAX_DRIVES];   /* 0: no emulation for that drive */
     double emu_lat_us[IO_MAX_DRIVES];
@@ -53,14 +55,17 @@ void io_cfg_default(io_cfg *c);
 /* "MBps:latency_us,MBps:latency_us" -> c->emu_* for drives 0.. ; sets ndrives if larger. */
 int io_parse_emulation(io_cfg *c, const char *spec, errbuf *err);
 /* Per-drive tuning measured by `deltafin doctor --drives`: IO_TUNE_FILE in the drive's folder holds
- * {"request_bytes": R, "depth": D, "gbps": G, "best_gbps": B, "cold_gbps": C}: of the request
- * sizes and queue depths doctor tried on that drive, the one with the least data in flight that
- * reached 95% of the best rate B (G: its own rate); C, when the folder held a DFSP pack, the rate
- * of random reads of it with R x D (cold model data, which on some drives reads slower than
- * doctor's just-written file). io_tune_load sets c->drive_chunk[d] / drive_depth[d] (and
- * drive_best_gbps[d] / drive_cold_gbps[d] when the file has them: older files do not) from dir's
- * file: 1 if it did, 0 if there is no file, -1 (naming the file and field) if it is malformed or
- * out of range. io_tune_save writes it atomically (temp + rename); cold_gbps 0 leaves it out. */
+ * {"request_bytes": R, "depth": D, "gbps": G, "best_gbps": B, "cold_gbps": C, "sustained_gbps": S}:
+ * of the request sizes and queue depths doctor tried on that drive, the one with the least data in
+ * flight that reached 95% of the best rate B (G: its own rate); C, when the folder held a DFSP
+ * pack, the rate of random reads of it with R x D (cold model data, which on some drives reads
+ * slower than doctor's just-written file); S, R x D's reads in order kept up for seconds, where B
+ * and C are bursts of under a second each (a virtual disk can serve those faster than it sustains).
+ * io_tune_load sets c->drive_chunk[d] / drive_depth[d] (and drive_best_gbps[d] /
+ * drive_cold_gbps[d] / drive_sustained_gbps[d] when the file has them: older files do not) from
+ * dir's file: 1 if it did, 0 if there is no file, -1 (naming the file and field) if it is
+ * malformed or out of range. io_tune_save writes it atomically (temp + rename); cold_gbps or
+ * sustained_gbps 0 leaves that field out. */
 #define IO_TUNE_FILE "deltafin-drive.json"
 int io_tune_load(io_cfg *c, int d, const char *dir, errbuf *err);
 /* The same from a parsed file (`where` names it in errors): 1 set, -1 malformed or out of range. */
@@ -69,7 +74,7 @@ int io_tune_parse(io_cfg *c, int d, const json_t *j, const char *where, errbuf *
  * drives never measured keep the defaults; -1 when a tuning file is malformed. */
 int io_tune_files(io_cfg *c, const char *const *paths, const int *drive, int n, errbuf *err);
 int io_tune_save(const char *dir, uint64_t request_bytes, int depth, double gbps, double best_gbps, double cold_gbps,
-                 errbuf *err);
+                 double sustained_gbps, errbuf *err);
 
 io_engine *io_new(const io_cfg *c, errbuf *err);
 void io_free(io_engine *e);
@@ -102,6 +107,8 @@ int io_drive_depth(const io_engine *e, int d);
 double io_drive_best_gbps(const io_engine *e, int d);
 /* doctor's rate of random reads of a store's pack on drive d (GB/s), 0 if not measured */
 double io_drive_cold_gbps(const io_engine *e, int d);
+/* doctor's rate of its tuning's reads in order kept up for seconds on drive d (GB/s), 0 if not measured */
+double io_drive_sustained_gbps(const io_engine *e, int d);
 /* drive d's emulated speed (--emulate-drives), GB/s; 0 when it is not emulated */
 double io_drive_emulated_gbps(const io_engine *e, int d);
 uint64_t io_drive_chunk(const io_engine *e, int d);

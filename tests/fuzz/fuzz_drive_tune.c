@@ -1,5 +1,5 @@
 /* fuzz_drive_tune.c — a drive tuning file (store/io.h, deltafin-drive.json) on arbitrary bytes:
- * an error, or a request size, depth and best rate inside the ranges the I/O engine accepts;
+ * an error, or a request size, depth and rates inside the ranges the I/O engine accepts;
  * never a crash. */
 #include <jansson.h>
 #include <stdint.h>
@@ -18,7 +18,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     io_cfg_default(&c);
     if (io_tune_parse(&c, 3, j, "fuzz", &err) == 1 &&
         (c.drive_chunk[3] < 4096 || c.drive_chunk[3] % 4096 || c.drive_chunk[3] > (64u << 20) ||
-         c.drive_depth[3] < 1 || c.drive_depth[3] > 256 || !(c.drive_best_gbps[3] >= 0)))
+         c.drive_depth[3] < 1 || c.drive_depth[3] > 256 || !(c.drive_best_gbps[3] >= 0) ||
+         !(c.drive_cold_gbps[3] >= 0) || !(c.drive_sustained_gbps[3] >= 0)))
         abort();
     json_decref(j);
     return 0;
