@@ -490,6 +490,9 @@ TEST(harden_doctor_empty_drives)
     CHECKF(rc == 2 && strstr(out, "names no folder"), "status %d: %s", rc, out);
     rc = sh(out, sizeof out, "%s doctor --drives ,,", tu_bin());
     CHECKF(rc == 2 && strstr(out, "names no folder"), "status %d: %s", rc, out);
+    /* and a --sustain that is not seconds in range, before anything is measured */
+    rc = sh(out, sizeof out, "%s doctor --drives . --sustain 4s", tu_bin());
+    CHECKF(rc == 2 && strstr(out, "--sustain") && strstr(out, "'4s'"), "status %d: %s", rc, out);
 }
 
 /* the context fills at the model's max_position_embeddings: the ids produced so far are printed,

@@ -255,8 +255,9 @@ static void rand_lat(const char *path, uint64_t size, double *p50, double *p99, 
 
 int cmd_doctor(int argc, char **argv)
 {
-    const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *sustain_s = "4", *v;
+    const char *cmd = "doctor", *drives = NULL, *model = NULL, *size_s = "1G", *v;
     int verbose = 0, save_tuning = 1;
+    double sustain = 4.0;
     for (int i = 1; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -273,7 +274,8 @@ int cmd_doctor(int argc, char **argv)
         } else if ((r = cli_opt(argc, argv, &i, "--size", &v))) {
             size_s = v;
         } else if ((r = cli_opt(argc, argv, &i, "--sustain", &v))) {
-            sustain_s = v;
+            if (r > 0 && cli_double(cmd, "--sustain", v, 0.0, 600.0, &sustain))
+                return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--model", &v))) {
             model = v;
         } else {
@@ -286,10 +288,6 @@ int cmd_doctor(int argc, char **argv)
     if (store_parse_bytes(size_s, &size) != 0 || size < (64u << 20))
         return cli_usage(cmd, "--size expects at least 64M, got '%s'", size_s);
     size = size / (8u << 20) * (8u << 20);
-    char *end;
-    double sustain = strtod(sustain_s, &end);
-    if (end == sustain_s || *end || !(sustain >= 0 && sustain <= 600))
-        return cli_usage(cmd, "--sustain expects seconds in [0, 600], got '%s'", sustain_s);
     errbuf err;
     if (!drives && !model)
         drives = ".";
