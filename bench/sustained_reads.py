@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-# bench/sustained_reads.py FILE REQ THREADS SECONDS (run as ignored/g1/rr.py in the fifteenth
-# session's logs, bench/results/cuda.md): no deltafin code, a cross-check of doctor.
+# bench/sustained_reads.py FILE REQ THREADS SECONDS (named rr.py in the fifteenth session's logs,
+# bench/results/cuda.md): no deltafin code, a cross-check of doctor's sustained figure (doctor
+# reads in order; this reads at random, the harder case).
 # sustained O_DIRECT random reads of a file: THREADS threads, each REQ-byte reads at random
 # REQ-aligned offsets, for SECONDS; prints GB/s for each second (is the drive's rate a burst?)
 import mmap, os, random, sys, threading, time

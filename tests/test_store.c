@@ -1060,7 +1060,7 @@ TEST(store_drive_tuning_is_used)
 }
 
 /* doctor --drives measures and leaves the tuning that store_drive_tuning_is_used reads (with the
- * rate its random reads keep up unless --sustain 0); --no-save leaves nothing */
+ * rate its reads in order keep up, unless --sustain 0); --no-save leaves nothing */
 TEST(store_doctor_saves_drive_tuning)
 {
     char cmd[9000], out[8192], tf[4300];
