@@ -139,6 +139,10 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
 typedef const float *(*blk_row_fn)(const void *ud, int s);
 void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const float *qh, const float *wk,
                    const float *wv, int n, blk_row_fn row, const void *ud, float *scratch, float *oh);
+/* The most query rows one GQA work item scores together (each run of keys is read once for all
+ * of them), and the per-thread scratch floats that takes at a context of `context` positions. */
+enum { BLK_GQA_ROWS = 16 };
+size_t blk_gqa_scratch_floats(int context);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
 /* w: layer `layer`'s MoE weights (its routed experts come from b->xs when there is one) */

@@ -11,45 +11,75 @@ struct gqa_job {
     const layer_state *st; /* the cache: rows of [2][nkv][hd] */
     float *o;         /* [T][nh][hd] */
     int T, pos0;
+    int rows, per; /* query rows per work item (at most BLK_GQA_ROWS), items per key head */
 };
 
-static void gqa_heads(void *ctx, int h0, int h1, int tid)
+/* Keys a run reads for all of an item's rows before moving on: the rows are rows of the cache
+ * W floats apart (several KB, so every key's lines share L1 sets); eight keys' lines fit the
+ * sets' ways, and the run is read from L2 once for all the rows instead of once per row. It
+ * divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
+enum { GQA_KEYS = 8 };
+_Static_assert(BLK_KV_CHUNK % GQA_KEYS == 0, "a run of keys stays in one cache chunk");
+
+/* Work item i: key head i / per, and up to j->rows of its (token, head) query rows, row rho =
+ * token rho / group, head kvh * group + rho % group, in order of tokens. Every row's
+ * scores, softmax and weighted sum of values are those of the row alone (keys in position
+ * order, kern.h's dot and axpy), whichever rows share its item. */
+static void gqa_rows(void *ctx, int i0, int i1, int tid)
 {
     struct gqa_job *j = ctx;
     const hparams *hp = j->b->hp;
+    const kern_ops *k = j->b->k;
     int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, group = nh / nkv;
     size_t W = 2 * (size_t)nkv * hd;
     float *sc = pool_scratch(j->b->pool, tid);
-    for (int h = h0; h < h1; h++) {
-        int kvh = h / group;
-        for (int t = 0; t < j->T; t++) {
-            const float *qh = j->q + ((size_t)t * nh + h) * hd;
-            int n = j->pos0 + t + 1;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int s0 = 0; s0 < n; s0 += BLK_KV_CHUNK) { /* rows W apart inside a KV chunk */
-                int m = n - s0 < BLK_KV_CHUNK ? n - s0 : BLK_KV_CHUNK;
-                j->b->k->dot_rows(qh, blk_kv_row(j->st, s0, W) + (size_t)kvh * hd, W, m, hd, sc + s0);
+    for (int i = i0; i < i1; i++) {
+        int kvh = i / j->per, r0 = i % j->per * j->rows, r1 = r0 + j->rows;
+        r1 = r1 < group * j->T ? r1 : group * j->T;
+        int R = r1 - r0, nmax = j->pos0 + (r1 - 1) / group + 1, n[BLK_GQA_ROWS];
+        size_t ld = ((size_t)nmax + 15) / 16 * 16;
+        const float *q[BLK_GQA_ROWS];
+        float *o[BLK_GQA_ROWS];
+        for (int r = 0; r < R; r++) {
+            int t = (r0 + r) / group, h = kvh * group + (r0 + r) % group;
+            n[r] = j->pos0 + t + 1;
+            q[r] = j->q + ((size_t)t * nh + h) * hd;
+            o[r] = j->o + ((size_t)t * nh + h) * hd;
+        }
+        for (int s0 = 0; s0 < nmax; s0 += GQA_KEYS) {
+            const float *kr = blk_kv_row(j->st, s0, W) + (size_t)kvh * hd;
+            for (int r = 0; r < R; r++) {
+                int m = n[r] - s0 < GQA_KEYS ? n[r] - s0 : GQA_KEYS;
+                if (m > 0)
+                    k->dot_rows(q[r], kr, W, m, hd, sc + (size_t)r * ld + s0);
             }
-            for (int s = 0; s < n; s++) {
-                sc[s] *= hp->attn_scale;
-                mx = sc[s] > mx ? sc[s] : mx;
+        }
+        for (int r = 0; r < R; r++) {
+            float *sr = sc + (size_t)r * ld, mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < n[r]; s++) {
+                sr[s] *= hp->attn_scale;
+                mx = sr[s] > mx ? sr[s] : mx;
             }
-            j->b->k->exp_sub(sc, n, mx);
-            for (int s = 0; s < n; s++)
-                sum += sc[s];
-            float *oh = j->o + ((size_t)t * nh + h) * hd;
-            for (int i = 0; i < hd; i++)
-                oh[i] = 0.0f;
-            for (int s = 0; s < n; s++)
-                sc[s] = sc[s] / sum;
-            /* the value rows in order, a KV chunk at a time (rows W apart inside a chunk) */
-            for (int s0 = 0; s0 < n; s0 += BLK_KV_CHUNK) {
-                int m = n - s0 < BLK_KV_CHUNK ? n - s0 : BLK_KV_CHUNK;
-                j->b->k->axpy_rows(oh, blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd, W, sc + s0, m, hd);
+            k->exp_sub(sr, n[r], mx);
+            for (int s = 0; s < n[r]; s++)
+                sum += sr[s];
+            for (int s = 0; s < n[r]; s++)
+                sr[s] = sr[s] / sum;
+            for (int e = 0; e < hd; e++)
+                o[r][e] = 0.0f;
+        }
+        for (int s0 = 0; s0 < nmax; s0 += GQA_KEYS) {
+            const float *vr = blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd;
+            for (int r = 0; r < R; r++) {
+                int m = n[r] - s0 < GQA_KEYS ? n[r] - s0 : GQA_KEYS;
+                if (m > 0)
+                    k->axpy_rows(o[r], vr, W, sc + (size_t)r * ld + s0, m, hd);
             }
         }
     }
 }
+
+size_t blk_gqa_scratch_floats(int context) { return (size_t)BLK_GQA_ROWS * ((size_t)context + 16); }
 
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out)
 {
@@ -80,8 +110,13 @@ int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float
             memcpy(row + (size_t)(nkv + h) * hd, v + ((size_t)t * nkv + h) * hd, sizeof(float) * (size_t)hd);
         }
     }
-    struct gqa_job j = {b, q, st, o, T, pos0};
-    pool_for(b->pool, nh, gqa_heads, &j);
+    /* as many rows an item as leave each thread about four items (so that decode's few rows
+     * still spread over many threads), up to BLK_GQA_ROWS; no bit depends on it */
+    int rows = nh * T / (4 * pool_size(b->pool));
+    rows = rows < 1 ? 1 : rows > BLK_GQA_ROWS ? BLK_GQA_ROWS : rows;
+    int per = (nh / nkv * T + rows - 1) / rows;
+    struct gqa_job j = {b, q, st, o, T, pos0, rows, per};
+    pool_for(b->pool, nkv * per, gqa_rows, &j);
     blk_matmul(b, &w->o, o, T, out);
     return 0;
 }
