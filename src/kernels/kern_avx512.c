@@ -42,11 +42,11 @@ static void tab_init(void)
 }
 
 /* Adds w[0..rem) x[0..rem) (rem < 64, already decoded and in lane order) to lanes 0..rem-1. */
-static void tail_fma(const float *w, const float *x, int rem, __m512 *z)
+INLINE void tail_fma(const float *w, const float *x, int rem, __m512 *z)
 {
-    for (int k = 0; k < 4 && rem > 16 * k; k++) {
-        int c = rem - 16 * k;
-        __mmask16 m = c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << c) - 1);
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        int c = rem - 16 * k; /* lanes of vector k still in the row: none past the end */
+        __mmask16 m = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
         __m512 vw = _mm512_maskz_loadu_ps(m, w + 16 * k);
         __m512 vx = _mm512_maskz_loadu_ps(m, x + 16 * k);
         z[k] = _mm512_mask3_fmadd_ps(vw, vx, z[k], m);
@@ -58,12 +58,11 @@ static void tail_fma(const float *w, const float *x, int rem, __m512 *z)
 INLINE __m256 dot_v8(const float *a, const float *b, int n)
 {
     __m512 z[4];
-    for (int k = 0; k < 4; k++)
-        z[k] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) z[k] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 64 <= n; i += 64)
-        for (int k = 0; k < 4; k++)
-            z[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), z[k]);
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) z[k] =
+            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), z[k]);
     if (i < n)
         tail_fma(a + i, b + i, n - i, z);
     z[0] = _mm512_add_ps(z[0], z[2]); /* h = 32 */
