@@ -77,6 +77,14 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
     return _mm256_add_ps(r[0], r[1]); /* h = 8 */
 }
 
+/* dot_v8 of a against eight rows of x (ldx apart), one row at a time: a dot's sums take eight
+ * of the sixteen ymm already. */
+INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256 *v)
+{
+    for (int j = 0; j < 8; j++)
+        v[j] = dot_v8(a, x + (size_t)j * ldx, n);
+}
+
 #include "kernels/kern_dot8.inc"
 
 /* ---- plain formats: 8 elements per load ---- */
