@@ -71,9 +71,8 @@ size_t pass_thread_floats(const model *m, int context)
 {
     const hparams *hp = &m->hp;
     size_t need = kern_scratch_floats(m->max_cols);
-    size_t r = (size_t)hp->kv_lora_rank,
-           mla = (size_t)hp->qk_nope * r + (size_t)hp->v_head * r + 2 * r + (size_t)context;
-    size_t kda = 5 * (size_t)hp->kda_dim, gqa = blk_gqa_scratch_floats(context);
+    size_t mla = blk_mla_scratch_floats(hp, context);
+    size_t kda = 5 * (size_t)hp->kda_dim, gqa = blk_att_score_floats(context);
     if (mla > need)
         need = mla;
     if (kda > need)

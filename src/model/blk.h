@@ -136,13 +136,34 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
 /* One head's absorbed MLA attention for one query (blk_mla.c): qh [nope + rope]; wk [nope][r] and
  * wv [v_head][r], the head's rows of kv_b_proj decoded; the n latent rows [r + rope] row(ud, s),
  * visited in order s = 0 .. n-1; out oh [v_head]. scratch: [2 r + n] floats. */
+/* Query rows an attention work item (GQA, MLA) scores together, so that each run of cached rows
+ * is read from memory once for all of them: at most BLK_ATT_ROWS, and at long contexts as many as
+ * keep their scores (a float per position, each row padded to 16) within BLK_ATT_SCORES floats.
+ * blk_att_score_floats bounds the scores' floats for any n <= context. No bit depends on these. */
+enum { BLK_ATT_ROWS = 16, BLK_ATT_SCORES = 1 << 21 };
+static inline int blk_att_rows(int n)
+{
+    size_t r = BLK_ATT_SCORES / ((size_t)n + 16);
+    return r < 1 ? 1 : r > BLK_ATT_ROWS ? BLK_ATT_ROWS : (int)r;
+}
+static inline size_t blk_att_score_floats(int context)
+{
+    size_t all = (size_t)BLK_ATT_ROWS * ((size_t)context + 16), one = (size_t)context + 16;
+    size_t cap = one > BLK_ATT_SCORES ? one : BLK_ATT_SCORES;
+    return all < cap ? all : cap;
+}
+/* An item's rows: at most `rows` (by the thread count) and blk_att_rows(n) (by the scratch). */
+static inline int blk_att_item_rows(int rows, int n)
+{
+    int cap = blk_att_rows(n);
+    rows = rows < cap ? rows : cap;
+    return rows < 1 ? 1 : rows;
+}
+/* The per-thread scratch floats MLA's work items take at a context of `context` positions. */
+size_t blk_mla_scratch_floats(const hparams *hp, int context);
 typedef const float *(*blk_row_fn)(const void *ud, int s);
 void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const float *qh, const float *wk,
                    const float *wv, int n, blk_row_fn row, const void *ud, float *scratch, float *oh);
-/* The most query rows one GQA work item scores together (each run of keys is read once for all
- * of them), and the per-thread scratch floats that takes at a context of `context` positions. */
-enum { BLK_GQA_ROWS = 16 };
-size_t blk_gqa_scratch_floats(int context);
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
 int blk_mlp(const blk *b, const mlp_w *w, int inter, const float *x, int T, float *out);
 /* w: layer `layer`'s MoE weights (its routed experts come from b->xs when there is one) */

@@ -11,7 +11,7 @@ struct gqa_job {
     const layer_state *st; /* the cache: rows of [2][nkv][hd] */
     float *o;         /* [T][nh][hd] */
     int T, pos0;
-    int rows, per; /* query rows per work item (at most BLK_GQA_ROWS), items per key head */
+    int rows, per; /* query rows per work item (blk_att_item_rows), items per key head */
 };
 
 /* Keys a run reads for all of an item's rows before moving on: the rows are rows of the cache
@@ -36,10 +36,10 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
     for (int i = i0; i < i1; i++) {
         int kvh = i / j->per, r0 = i % j->per * j->rows, r1 = r0 + j->rows;
         r1 = r1 < group * j->T ? r1 : group * j->T;
-        int R = r1 - r0, nmax = j->pos0 + (r1 - 1) / group + 1, n[BLK_GQA_ROWS];
+        int R = r1 - r0, nmax = j->pos0 + (r1 - 1) / group + 1, n[BLK_ATT_ROWS];
         size_t ld = ((size_t)nmax + 15) / 16 * 16;
-        const float *q[BLK_GQA_ROWS];
-        float *o[BLK_GQA_ROWS];
+        const float *q[BLK_ATT_ROWS];
+        float *o[BLK_ATT_ROWS];
         for (int r = 0; r < R; r++) {
             int t = (r0 + r) / group, h = kvh * group + (r0 + r) % group;
             n[r] = j->pos0 + t + 1;
@@ -79,8 +79,6 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
     }
 }
 
-size_t blk_gqa_scratch_floats(int context) { return (size_t)BLK_GQA_ROWS * ((size_t)context + 16); }
-
 int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float *x, int T, float *out)
 {
     const hparams *hp = b->hp;
@@ -111,9 +109,8 @@ int blk_gqa(const blk *b, const gqa_w *w, layer_state *st, int pos0, const float
         }
     }
     /* as many rows an item as leave each thread about four items (so that decode's few rows
-     * still spread over many threads), up to BLK_GQA_ROWS; no bit depends on it */
-    int rows = nh * T / (4 * pool_size(b->pool));
-    rows = rows < 1 ? 1 : rows > BLK_GQA_ROWS ? BLK_GQA_ROWS : rows;
+     * still spread over many threads), within what the scratch holds */
+    int rows = blk_att_item_rows(nh * T / (4 * pool_size(b->pool)), pos0 + T);
     int per = (nh / nkv * T + rows - 1) / rows;
     struct gqa_job j = {b, q, st, o, T, pos0, rows, per};
     pool_for(b->pool, nkv * per, gqa_rows, &j);

@@ -7,9 +7,12 @@
  *   ol = sum_s softmax(score)_s c_s    (kv_lora)
  *   o_h = Wv_h ol                      (v_head)
  * with Wk_h / Wv_h the head's rows of kv_b_proj. K3 multiplies o by sigmoid(x g^T) before
- * o_proj. Heads run in parallel; keys are visited in position order, so a query's result does
- * not depend on how the prompt was chunked.
+ * o_proj. Work items are blocks of heads x tokens run in parallel, each reading the cache a run of
+ * rows at a time for all its query rows (every head reads the same latent rows); each query still
+ * visits its keys in position order with blk_mla_query's steps, so its result does not depend on
+ * how the prompt was chunked or which rows shared its item.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -22,8 +25,7 @@ void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const floa
     float *qa = scratch, *ol = qa + r, *sc = ol + r;
     for (int i = 0; i < r; i++)
         qa[i] = 0.0f;
-    for (int d = 0; d < nope; d++)
-        k->axpy(qa, wk + (size_t)d * r, qh[d], r);
+    k->axpy_rows(qa, wk, (size_t)r, qh, nope, r); /* the nope axpys in turn */
     float mx = -INFINITY, sum = 0.0f;
     for (int s = 0; s < n; s++) {
         const float *cs = row(ud, s);
@@ -40,8 +42,7 @@ void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const floa
         ol[i] = 0.0f;
     for (int s = 0; s < n; s++)
         k->axpy(ol, row(ud, s), sc[s] / sum, r);
-    for (int e = 0; e < vd; e++)
-        oh[e] = k->dot(wv + (size_t)e * r, ol, r);
+    k->dot_rows(ol, wv, (size_t)r, vd, r, oh); /* the vd dots */
 }
 
 struct mla_job {
@@ -51,36 +52,104 @@ struct mla_job {
     const layer_state *st; /* the cache: rows of kv_lora + rope */
     float *o;         /* [T][nh][v] */
     int T, pos0;
+    int tb, hb, tper; /* an item's tokens and heads (at most), token blocks per block of heads */
 };
 
-struct kv_rows {
-    const layer_state *st;
-    size_t width;
-};
+/* Cached rows a run reads for all of an item's rows before moving on (their 2 KB rows stay in L1
+ * across the item's rows); it divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
+enum { MLA_KEYS = 8 };
+_Static_assert(BLK_KV_CHUNK % MLA_KEYS == 0, "a run of cached rows stays in one cache chunk");
 
-static const float *kv_row(const void *ud, int s)
+size_t blk_mla_scratch_floats(const hparams *hp, int context)
 {
-    const struct kv_rows *c = ud;
-    return blk_kv_row(c->st, s, c->width);
+    size_t r = (size_t)hp->kv_lora_rank, wide = (size_t)(hp->qk_nope > hp->v_head ? hp->qk_nope : hp->v_head);
+    return wide * r + 2 * (size_t)BLK_ATT_ROWS * r + 16 + blk_att_score_floats(context);
 }
 
-static void mla_heads(void *ctx, int h0, int h1, int tid)
+/* Work item i: heads [h0, h1) x tokens [t0, t1), every query row of which is blk_mla_query's
+ * steps in its order (qa, the scores, the softmax, ol, o), with the steps over the cache taken a
+ * run of MLA_KEYS rows at a time for all the item's rows: all heads read the same latent rows,
+ * and so do a head's tokens. Row rho is head h0 + rho / nt, token t0 + rho % nt, so one decode of
+ * a head's Wk (then its Wv) serves its tokens. */
+static void mla_rows(void *ctx, int i0, int i1, int tid)
 {
     struct mla_job *j = ctx;
     const hparams *hp = j->b->hp;
     const kern_ops *k = j->b->k;
-    int nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
-    float *wk = pool_scratch(j->b->pool, tid); /* [nope][r] */
-    float *wv = wk + (size_t)nope * r;         /* [vd][r] */
-    float *sc = wv + (size_t)vd * r;           /* blk_mla_query's: [2 r + pos0 + T] */
-    struct kv_rows rows = {j->st, (size_t)r + rope};
-    for (int h = h0; h < h1; h++) {
-        int row = h * (nope + vd);
-        k->decode_rows(&j->w->kv_b, row, row + nope, wk);
-        k->decode_rows(&j->w->kv_b, row + nope, row + nope + vd, wv);
-        for (int t = 0; t < j->T; t++)
-            blk_mla_query(k, hp, hp->attn_scale, j->q + ((size_t)t * hp->n_heads + h) * (nope + rope), wk, wv,
-                          j->pos0 + t + 1, kv_row, &rows, sc, j->o + ((size_t)t * hp->n_heads + h) * vd);
+    int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
+    size_t W = (size_t)r + rope, qd = (size_t)nope + rope;
+    float *wkv = pool_scratch(j->b->pool, tid);                     /* a head's Wk [nope][r], then Wv [vd][r] */
+    float *qa = wkv + (size_t)(nope > vd ? nope : vd) * r;         /* [R][r] */
+    float *ol = qa + (size_t)BLK_ATT_ROWS * r;                     /* [R][r] */
+    float *pe = ol + (size_t)BLK_ATT_ROWS * r;                     /* [MLA_KEYS] a run's rope parts */
+    float *sc = pe + 16;                                           /* [R][ld] */
+    for (int i = i0; i < i1; i++) {
+        int h0 = i / j->tper * j->hb, t0 = i % j->tper * j->tb;
+        int h1 = h0 + j->hb < nh ? h0 + j->hb : nh, t1 = t0 + j->tb < j->T ? t0 + j->tb : j->T;
+        int nt = t1 - t0, R = (h1 - h0) * nt, nmax = j->pos0 + t1;
+        size_t ld = ((size_t)nmax + 15) / 16 * 16;
+        assert(R <= BLK_ATT_ROWS);
+        for (int h = h0; h < h1; h++) {
+            int row = h * (nope + vd);
+            k->decode_rows(&j->w->kv_b, row, row + nope, wkv);
+            for (int t = t0; t < t1; t++) {
+                float *a = qa + (size_t)((h - h0) * nt + t - t0) * r;
+                const float *qh = j->q + ((size_t)t * nh + h) * qd;
+                for (int e = 0; e < r; e++)
+                    a[e] = 0.0f;
+                k->axpy_rows(a, wkv, (size_t)r, qh, nope, r); /* the nope axpys in turn */
+            }
+        }
+        for (int s0 = 0; s0 < nmax; s0 += MLA_KEYS) {
+            const float *c = blk_kv_row(j->st, s0, W);
+            for (int rho = 0; rho < R; rho++) {
+                int t = t0 + rho % nt, m = j->pos0 + t + 1 - s0;
+                m = m < MLA_KEYS ? m : MLA_KEYS;
+                if (m <= 0)
+                    continue;
+                float *sr = sc + (size_t)rho * ld + s0;
+                k->dot_rows(qa + (size_t)rho * r, c, W, m, r, sr);
+                if (rope) {
+                    const float *qpe = j->q + ((size_t)t * nh + h0 + rho / nt) * qd + nope;
+                    k->dot_rows(qpe, c + r, W, m, rope, pe);
+                    for (int s = 0; s < m; s++)
+                        sr[s] += pe[s];
+                }
+                for (int s = 0; s < m; s++)
+                    sr[s] = sr[s] * hp->attn_scale;
+            }
+        }
+        for (int rho = 0; rho < R; rho++) {
+            int n = j->pos0 + t0 + rho % nt + 1;
+            float *sr = sc + (size_t)rho * ld, *o = ol + (size_t)rho * r, mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < n; s++)
+                mx = sr[s] > mx ? sr[s] : mx;
+            k->exp_sub(sr, n, mx);
+            for (int s = 0; s < n; s++)
+                sum += sr[s];
+            for (int s = 0; s < n; s++)
+                sr[s] = sr[s] / sum;
+            for (int e = 0; e < r; e++)
+                o[e] = 0.0f;
+        }
+        for (int s0 = 0; s0 < nmax; s0 += MLA_KEYS) {
+            const float *c = blk_kv_row(j->st, s0, W);
+            for (int rho = 0; rho < R; rho++) {
+                int m = j->pos0 + t0 + rho % nt + 1 - s0;
+                m = m < MLA_KEYS ? m : MLA_KEYS;
+                if (m > 0)
+                    k->axpy_rows(ol + (size_t)rho * r, c, W, sc + (size_t)rho * ld + s0, m, r);
+            }
+        }
+        for (int h = h0; h < h1; h++) {
+            int row = h * (nope + vd);
+            k->decode_rows(&j->w->kv_b, row + nope, row + nope + vd, wkv);
+            for (int t = t0; t < t1; t++) {
+                const float *o = ol + (size_t)((h - h0) * nt + t - t0) * r;
+                float *oh = j->o + ((size_t)t * nh + h) * vd;
+                k->dot_rows(o, wkv, (size_t)r, vd, r, oh); /* the vd dots */
+            }
+        }
     }
 }
 
@@ -115,8 +184,12 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
         }
         memcpy(blk_kv_row(st, pos0 + t, (size_t)W), row, sizeof(float) * (size_t)W);
     }
-    struct mla_job j = {b, w, q, st, o, T, pos0};
-    pool_for(b->pool, nh, mla_heads, &j);
+    /* an item's rows: a head's tokens first (one decode of its Wk and Wv serves them), then more
+     * heads while the rows allow (decode's one token: a run of the cache serves several heads) */
+    int rows = blk_att_item_rows(nh * T / (4 * pool_size(b->pool)), pos0 + T);
+    int tb = T < rows ? T : rows, hb = rows / tb;
+    struct mla_job j = {b, w, q, st, o, T, pos0, tb, hb, (T + tb - 1) / tb};
+    pool_for(b->pool, (nh + hb - 1) / hb * j.tper, mla_rows, &j);
     if (hp->mla_out_gate) {
         float *g = blk_alloc(b, (size_t)T * ov);
         if (!g)
