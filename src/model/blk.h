@@ -133,9 +133,6 @@ size_t blk_kda_log_floats(const hparams *hp);
  * gate constants). */
 int blk_kda_replay(const blk *b, const kda_w *w, layer_state *st, const float *log, int n);
 int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float *x, int T, float *out);
-/* One head's absorbed MLA attention for one query (blk_mla.c): qh [nope + rope]; wk [nope][r] and
- * wv [v_head][r], the head's rows of kv_b_proj decoded; the n latent rows [r + rope] row(ud, s),
- * visited in order s = 0 .. n-1; out oh [v_head]. scratch: [2 r + n] floats. */
 /* Query rows an attention work item (GQA, MLA) scores together, so that each run of cached rows
  * is read from memory once for all of them: at most BLK_ATT_ROWS, and at long contexts as many as
  * keep their scores (a float per position, each row padded to 16) within BLK_ATT_SCORES floats.
@@ -161,6 +158,9 @@ static inline int blk_att_item_rows(int rows, int n)
 }
 /* The per-thread scratch floats MLA's work items take at a context of `context` positions. */
 size_t blk_mla_scratch_floats(const hparams *hp, int context);
+/* One head's absorbed MLA attention for one query (blk_mla.c): qh [nope + rope]; wk [nope][r] and
+ * wv [v_head][r], the head's rows of kv_b_proj decoded; the n latent rows [r + rope] row(ud, s),
+ * visited in order s = 0 .. n-1; out oh [v_head]. scratch: [2 r + n] floats. */
 typedef const float *(*blk_row_fn)(const void *ud, int s);
 void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const float *qh, const float *wk,
                    const float *wv, int n, blk_row_fn row, const void *ud, float *scratch, float *oh);

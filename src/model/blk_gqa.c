@@ -1,6 +1,7 @@
 /* blk_gqa.c — grouped-query attention (Qwen3, Qwen3-MoE): per-head RMSNorm on q and k before
  * half-rotation RoPE, a k/v cache, causal softmax attention with query head h reading key head
- * h / (n_heads / n_kv_heads). Heads run in parallel; keys are visited in position order. */
+ * h / (n_heads / n_kv_heads). Blocks of the query rows that read one key head run in parallel;
+ * each row visits its keys in position order. */
 #include <string.h>
 
 #include "model/blk.h"
