@@ -626,3 +626,27 @@ TEST(engine_refuses_a_second_thread)
     CHECKF(a.runs > 0 && b.runs > 0, "runs: %d and %d, refused %d and %d", a.runs, b.runs, a.refused, b.refused);
     CHECKF(a.refused + b.refused > 0, "never refused in %d + %d runs: the threads never met", a.runs, b.runs);
 }
+
+/* An attention work item's rows of scores (blk_att_rows rows of ceil16(n) floats at n positions)
+ * fit the scratch reserved for a session of `context` positions at every n <= context, including
+ * past the contexts where fewer than BLK_ATT_ROWS rows fit. */
+TEST(attention_rows_fit_their_scratch)
+{
+    static const int ctx[] = {1, 17, 4096, 131055, 131056, 131057, 140000, 1 << 20, 3000000};
+    for (size_t c = 0; c < sizeof ctx / sizeof ctx[0]; c++) {
+        int C = ctx[c];
+        size_t have = blk_att_score_floats(C);
+        for (int n = C, step = C / 997 + 1; n >= 1; n -= n > step ? step : 1) {
+            int rows = blk_att_item_rows(1 << 20, n);
+            size_t ld = ((size_t)n + 15) / 16 * 16;
+            CHECKF(rows >= 1 && rows <= BLK_ATT_ROWS, "context %d, n %d: %d rows", C, n, rows);
+            CHECKF(rows * ld <= have, "context %d, n %d: %d rows of %zu floats past the %zu reserved", C, n, rows,
+                   ld, have);
+            if (n <= 131056)
+                CHECKF(rows == BLK_ATT_ROWS, "n %d: %d rows where all fit", n, rows);
+            if (test_failed())
+                return;
+        }
+    }
+    CHECK(blk_att_item_rows(0, 10) == 1 && blk_att_item_rows(5, 10) == 5);
+}
