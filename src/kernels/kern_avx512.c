@@ -79,8 +79,8 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
 
 /* dot_v8 of a against eight rows of x (ldx apart), four rows at a time: 16 zmm of sums, each
  * vector of a loaded once for four FMAs, and four independent chains where one dot has two
- * FMAs a sum at a head size of 128 (a lone row at a time measured 23-27 cycles a dot of 128 on
- * an Intel AVX-512 VM, four at a time 15-17). */
+ * FMAs a sum at a head size of 128 (a dot of 128 in 18 cycles instead of 22-25 on an Intel
+ * AVX-512 VM: bench/results/engine.md, seventeenth session). */
 INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256 *v)
 {
     for (int j = 0; j < 8; j += 4) {
@@ -95,7 +95,8 @@ INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256
                     _mm512_fmadd_ps(va, _mm512_loadu_ps(x + (size_t)(j + b) * ldx + i + 16 * k), z[b][k]);
             }
         if (i < n)
-            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) tail_fma(a + i, x + (size_t)(j + b) * ldx + i, n - i, z[b]);
+            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++)
+                tail_fma(a + i, x + (size_t)(j + b) * ldx + i, n - i, z[b]);
         _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) v[j + b] = tree_v8(z[b][0], z[b][1], z[b][2], z[b][3]);
     }
 }

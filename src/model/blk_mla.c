@@ -55,8 +55,9 @@ struct mla_job {
     int tb, hb, tper; /* an item's tokens and heads (at most), token blocks per block of heads */
 };
 
-/* Cached rows a run reads for all of an item's rows before moving on (their 2 KB rows stay in L1
- * across the item's rows); it divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
+/* Cached rows a run reads for all of an item's rows before moving on (eight of K3's 2.3 KB rows
+ * stay in L1 across the item's rows); it divides BLK_KV_CHUNK, so a run never crosses a cache
+ * chunk. */
 enum { MLA_KEYS = 8 };
 _Static_assert(BLK_KV_CHUNK % MLA_KEYS == 0, "a run of cached rows stays in one cache chunk");
 
