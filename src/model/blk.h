@@ -119,6 +119,9 @@ void blk_glu(const blk *b, float *gate, const float *up, size_t n);
 void blk_rope_table(const hparams *hp, int pos, float *cs);
 void blk_rope_apply(const hparams *hp, float *v, const float *cs);
 /* AttnRes: out = sum_j softmax_j(u . v_j / rms(v_j)) v_j over sources src[0..n), n >= 1. */
+/* A softmax in place, in kern.h's spirit of one fixed order: the max left to right, exp_sub,
+ * the sum left to right, then each s[j] / sum (attention's and AttnRes's weights). */
+void blk_softmax(const kern_ops *k, float *s, int n);
 void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out);
 
 /* exp, tanh, sigmoid and log1p are kmath.h's (not libm's: the same bits on every machine) */
@@ -138,6 +141,11 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
  * keep their scores (a float per position, each row padded to 16) within BLK_ATT_SCORES floats.
  * blk_att_score_floats bounds the scores' floats for any n <= context. No bit depends on these. */
 enum { BLK_ATT_ROWS = 16, BLK_ATT_SCORES = 1 << 21 };
+/* Cached rows an item reads for all its rows before moving on: cache rows are KBs apart (GQA's
+ * share L1 sets; K3's latent rows are 2.3 KB), and eight of them stay in L1 across the item's
+ * rows. It divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
+enum { BLK_ATT_KEYS = 8 };
+_Static_assert(BLK_KV_CHUNK % BLK_ATT_KEYS == 0, "a run of cached rows stays in one cache chunk");
 static inline int blk_att_rows(int n)
 {
     size_t r = BLK_ATT_SCORES / ((size_t)n + 16);

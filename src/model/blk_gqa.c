@@ -15,13 +15,6 @@ struct gqa_job {
     int rows, per; /* query rows per work item (blk_att_item_rows), items per key head */
 };
 
-/* Keys a run reads for all of an item's rows before moving on: the rows are rows of the cache
- * W floats apart (several KB, so every key's lines share L1 sets); eight keys' lines fit the
- * sets' ways, and the run is read from L2 once for all the rows instead of once per row. It
- * divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
-enum { GQA_KEYS = 8 };
-_Static_assert(BLK_KV_CHUNK % GQA_KEYS == 0, "a run of keys stays in one cache chunk");
-
 /* Work item i: key head i / per, and up to j->rows of its (token, head) query rows, row rho =
  * token rho / group, head kvh * group + rho % group, in order of tokens. Every row's
  * scores, softmax and weighted sum of values are those of the row alone (keys in position
@@ -47,32 +40,26 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
             q[r] = j->q + ((size_t)t * nh + h) * hd;
             o[r] = j->o + ((size_t)t * nh + h) * hd;
         }
-        for (int s0 = 0; s0 < nmax; s0 += GQA_KEYS) {
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *kr = blk_kv_row(j->st, s0, W) + (size_t)kvh * hd;
             for (int r = 0; r < R; r++) {
-                int m = n[r] - s0 < GQA_KEYS ? n[r] - s0 : GQA_KEYS;
+                int m = n[r] - s0 < BLK_ATT_KEYS ? n[r] - s0 : BLK_ATT_KEYS;
                 if (m > 0)
                     k->dot_rows(q[r], kr, W, m, hd, sc + (size_t)r * ld + s0);
             }
         }
         for (int r = 0; r < R; r++) {
-            float *sr = sc + (size_t)r * ld, mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n[r]; s++) {
+            float *sr = sc + (size_t)r * ld;
+            for (int s = 0; s < n[r]; s++)
                 sr[s] *= hp->attn_scale;
-                mx = sr[s] > mx ? sr[s] : mx;
-            }
-            k->exp_sub(sr, n[r], mx);
-            for (int s = 0; s < n[r]; s++)
-                sum += sr[s];
-            for (int s = 0; s < n[r]; s++)
-                sr[s] = sr[s] / sum;
+            blk_softmax(k, sr, n[r]);
             for (int e = 0; e < hd; e++)
                 o[r][e] = 0.0f;
         }
-        for (int s0 = 0; s0 < nmax; s0 += GQA_KEYS) {
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *vr = blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd;
             for (int r = 0; r < R; r++) {
-                int m = n[r] - s0 < GQA_KEYS ? n[r] - s0 : GQA_KEYS;
+                int m = n[r] - s0 < BLK_ATT_KEYS ? n[r] - s0 : BLK_ATT_KEYS;
                 if (m > 0)
                     k->axpy_rows(o[r], vr, W, sc + (size_t)r * ld + s0, m, hd);
             }

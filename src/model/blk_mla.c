@@ -26,22 +26,18 @@ void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const floa
     for (int i = 0; i < r; i++)
         qa[i] = 0.0f;
     k->axpy_rows(qa, wk, (size_t)r, qh, nope, r); /* the nope axpys in turn */
-    float mx = -INFINITY, sum = 0.0f;
     for (int s = 0; s < n; s++) {
         const float *cs = row(ud, s);
         float v = k->dot(qa, cs, r);
         if (rope)
             v += k->dot(qh + nope, cs + r, rope);
         sc[s] = v * scale;
-        mx = sc[s] > mx ? sc[s] : mx;
     }
-    k->exp_sub(sc, n, mx);
-    for (int s = 0; s < n; s++)
-        sum += sc[s];
+    blk_softmax(k, sc, n);
     for (int i = 0; i < r; i++)
         ol[i] = 0.0f;
     for (int s = 0; s < n; s++)
-        k->axpy(ol, row(ud, s), sc[s] / sum, r);
+        k->axpy(ol, row(ud, s), sc[s], r);
     k->dot_rows(ol, wv, (size_t)r, vd, r, oh); /* the vd dots */
 }
 
@@ -55,11 +51,7 @@ struct mla_job {
     int tb, hb, tper; /* an item's tokens and heads (at most), token blocks per block of heads */
 };
 
-/* Cached rows a run reads for all of an item's rows before moving on (eight of K3's 2.3 KB rows
- * stay in L1 across the item's rows); it divides BLK_KV_CHUNK, so a run never crosses a cache
- * chunk. */
-enum { MLA_KEYS = 8 };
-_Static_assert(BLK_KV_CHUNK % MLA_KEYS == 0, "a run of cached rows stays in one cache chunk");
+_Static_assert(BLK_ATT_KEYS <= 16, "a run's rope parts fit mla_rows' 16 floats of pe");
 
 size_t blk_mla_scratch_floats(const hparams *hp, int context)
 {
@@ -69,7 +61,7 @@ size_t blk_mla_scratch_floats(const hparams *hp, int context)
 
 /* Work item i: heads [h0, h1) x tokens [t0, t1), every query row of which is blk_mla_query's
  * steps in its order (qa, the scores, the softmax, ol, o), with the steps over the cache taken a
- * run of MLA_KEYS rows at a time for all the item's rows: all heads read the same latent rows,
+ * run of BLK_ATT_KEYS rows at a time for all the item's rows: all heads read the same latent rows,
  * and so do a head's tokens. Row rho is head h0 + rho / nt, token t0 + rho % nt, so one decode of
  * a head's Wk (then its Wv) serves its tokens. */
 static void mla_rows(void *ctx, int i0, int i1, int tid)
@@ -82,7 +74,7 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
     float *wkv = pool_scratch(j->b->pool, tid);                     /* a head's Wk [nope][r], then Wv [vd][r] */
     float *qa = wkv + (size_t)(nope > vd ? nope : vd) * r;         /* [R][r] */
     float *ol = qa + (size_t)BLK_ATT_ROWS * r;                     /* [R][r] */
-    float *pe = ol + (size_t)BLK_ATT_ROWS * r;                     /* [MLA_KEYS] a run's rope parts */
+    float *pe = ol + (size_t)BLK_ATT_ROWS * r;                     /* [BLK_ATT_KEYS] a run's rope parts */
     float *sc = pe + 16;                                           /* [R][ld] */
     for (int i = i0; i < i1; i++) {
         int h0 = i / j->tper * j->hb, t0 = i % j->tper * j->tb;
@@ -101,11 +93,11 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
                 k->axpy_rows(a, wkv, (size_t)r, qh, nope, r); /* the nope axpys in turn */
             }
         }
-        for (int s0 = 0; s0 < nmax; s0 += MLA_KEYS) {
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *c = blk_kv_row(j->st, s0, W);
             for (int rho = 0; rho < R; rho++) {
                 int t = t0 + rho % nt, m = j->pos0 + t + 1 - s0;
-                m = m < MLA_KEYS ? m : MLA_KEYS;
+                m = m < BLK_ATT_KEYS ? m : BLK_ATT_KEYS;
                 if (m <= 0)
                     continue;
                 float *sr = sc + (size_t)rho * ld + s0;
@@ -121,23 +113,16 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
             }
         }
         for (int rho = 0; rho < R; rho++) {
-            int n = j->pos0 + t0 + rho % nt + 1;
-            float *sr = sc + (size_t)rho * ld, *o = ol + (size_t)rho * r, mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n; s++)
-                mx = sr[s] > mx ? sr[s] : mx;
-            k->exp_sub(sr, n, mx);
-            for (int s = 0; s < n; s++)
-                sum += sr[s];
-            for (int s = 0; s < n; s++)
-                sr[s] = sr[s] / sum;
+            float *o = ol + (size_t)rho * r;
+            blk_softmax(k, sc + (size_t)rho * ld, j->pos0 + t0 + rho % nt + 1);
             for (int e = 0; e < r; e++)
                 o[e] = 0.0f;
         }
-        for (int s0 = 0; s0 < nmax; s0 += MLA_KEYS) {
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *c = blk_kv_row(j->st, s0, W);
             for (int rho = 0; rho < R; rho++) {
                 int m = j->pos0 + t0 + rho % nt + 1 - s0;
-                m = m < MLA_KEYS ? m : MLA_KEYS;
+                m = m < BLK_ATT_KEYS ? m : BLK_ATT_KEYS;
                 if (m > 0)
                     k->axpy_rows(ol + (size_t)rho * r, c, W, sc + (size_t)rho * ld + s0, m, r);
             }
