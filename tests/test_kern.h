@@ -15,7 +15,7 @@ void kern_test_matches_scalar(const kern_ops *k);
 /* one case of those: k's matmul of a random rows x cols matrix of format fmt and T tokens against
  * the scalar table's (with its row range and T = 1 checks); 1 when the same bits */
 int kern_test_matmul_case(const kern_ops *k, int fmt, int rows, int cols, int T, uint64_t seed);
-/* axpy, dot_rows, axpy_rows, kda_step, glu and exp_sub */
+/* axpy, dot_rows, axpy_rows, kda_step, glu, exp_sub and softmax_rows */
 void kern_test_elementwise(const kern_ops *k);
 
 #endif

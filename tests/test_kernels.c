@@ -472,11 +472,58 @@ static void check_glu(const kern_ops *k)
     CHECKF(!bad, "%s %s (act %d, n %d) differs from scalar", k->name, bad_act < 0 ? "exp_sub" : "glu", bad_act, bad_n);
 }
 
+/* softmax_rows of table k against the scalar one, the whole block compared (the padding between
+ * rows too): 1 to 20 rows (groups of eight chains and their remainders), lengths random or
+ * causal (each row one longer, as a block of tokens), scores of several scales, rows with NaNs,
+ * infinities and subnormals, and rows whose largest value is a zero of both signs. */
+static void check_softmax(const kern_ops *k)
+{
+    enum { LD = 336, ROWS = 20 };
+    static const int counts[] = {1, 3, 7, 8, 9, 16, 20};
+    static const float scales[] = {1.0f, 0.08838835f, -2.0f};
+    float *a = malloc(sizeof(float) * LD * ROWS), *b = malloc(sizeof(float) * LD * ROWS);
+    int n[ROWS], bad = 0, bad_case = 0;
+    rng r;
+    rng_seed(&r, 21);
+    for (int c = 0; c < 6 * 7 * 3 && !bad; c++) {
+        int kind = c / 21, rows = counts[c / 3 % 7];
+        float scale = scales[c % 3];
+        for (int q = 0; q < rows; q++)
+            n[q] = kind % 2 ? 300 + q : 1 + (int)(rng_next(&r) % (LD - 1));
+        for (int i = 0; i < LD * ROWS; i++) {
+            float v = (float)rng_normal(&r) * (kind < 2 ? 1.0f : 30.0f);
+            if (kind == 4) /* any bit pattern: NaNs, infinities, subnormals */
+                v = km_float((uint32_t)(rng_next(&r) >> 32));
+            else if (kind == 5) /* the largest value +0 or -0, in either order */
+                v = i % 7 == 3 ? 0.0f : i % 7 == 5 ? -0.0f : -1.0f - (float)(i % 3);
+            a[i] = b[i] = v;
+        }
+        kern_scalar.softmax_rows(a, LD, n, rows, scale);
+        k->softmax_rows(b, LD, n, rows, scale);
+        if (!same_out(a, b, (size_t)LD * ROWS))
+            bad = 1, bad_case = c;
+    }
+    /* one row at ld 0, as AttnRes and a lone query call it */
+    for (int len = 1; len < 40 && !bad; len++) {
+        for (int i = 0; i < len; i++)
+            a[i] = b[i] = (float)rng_normal(&r);
+        kern_scalar.softmax_rows(a, 0, &len, 1, 0.5f);
+        k->softmax_rows(b, 0, &len, 1, 0.5f);
+        if (!same_out(a, b, (size_t)len))
+            bad = 1, bad_case = -len;
+    }
+    free(a);
+    free(b);
+    CHECKF(!bad, "%s softmax_rows (case %d) differs from scalar", k->name, bad_case);
+}
+
 void kern_test_elementwise(const kern_ops *k)
 {
     check_elementwise(k);
     if (k)
         check_glu(k);
+    if (k && k->softmax_rows) /* (the GPU's test table has none: its softmax runs inside attention) */
+        check_softmax(k);
 }
 
 TEST(kern_avx2_elementwise) { kern_test_elementwise(kern_avx2()); }

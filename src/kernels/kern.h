@@ -75,6 +75,13 @@ typedef struct kern_ops {
     void (*glu)(int act, float *gate, const float *up, int n, float bt, float bl);
     /* x[i] = km_expf(x[i] - m) for i < n: a softmax's numerators (element-wise, as glu). */
     void (*exp_sub)(float *x, int n, float m);
+    /* Softmaxes in place (attention's and AttnRes's weights), each row in one fixed order. Row r
+     * is x = s + r * ld, of n[r] >= 1 values: x[i] = x[i] * scale; m = their largest (NaNs
+     * ignored; -inf if all are NaN); x[i] = km_expf(x[i] - m); sum = x[0] + x[1] + ... in that
+     * order from +0; x[i] = x[i] / sum. Which of +0 and -0 is m does not change a bit (every
+     * difference with it is the same, and exp(+-0) = 1), so m may be found in any order; rows are
+     * independent, so a table may interleave their sums (the sum is the serial part). */
+    void (*softmax_rows)(float *s, size_t ld, const int *n, int rows, float scale);
 } kern_ops;
 
 /* glu's activations */
@@ -111,6 +118,7 @@ void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const
 /* The reference activation and exponentials (also used by SIMD tables for their tails, and by NEON). */
 void kern_scalar_glu(int act, float *gate, const float *up, int n, float bt, float bl);
 void kern_scalar_exp_sub(float *x, int n, float m);
+void kern_scalar_softmax_rows(float *s, size_t ld, const int *n, int rows, float scale);
 /* NULL when this build or this CPU cannot run them. */
 const kern_ops *kern_avx2(void);
 const kern_ops *kern_avx512(void);

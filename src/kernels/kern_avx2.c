@@ -352,6 +352,7 @@ static const kern_ops ops = {
     .kda_step = avx2_kda_step,
     .glu = isa_glu,
     .exp_sub = isa_exp_sub,
+    .softmax_rows = isa_softmax_rows,
 };
 
 const kern_ops *kern_avx2(void)

@@ -331,6 +331,7 @@ static const kern_ops ops = {
     .kda_step = avx512_kda_step,
     .glu = isa_glu,
     .exp_sub = isa_exp_sub,
+    .softmax_rows = isa_softmax_rows,
 };
 
 const kern_ops *kern_avx512(void)

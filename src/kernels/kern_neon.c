@@ -4,8 +4,9 @@
  * k), a matrix output's 16 seq16 sums in four. vfmaq_f32 is a fused multiply-add, like fmaf.
  * Rows are decoded exactly with the scalar decoder a block of KERN_KC columns at a time (NEON has
  * no cheap 16-entry float table lookup; the decode is exact either way), put in lane order and
- * reduced against each token in seq16 order, the sums carried from block to block. The GLU activation and exp_sub are the
- * reference loops (kmath.h's functions, compiled as plain C).
+ * reduced against each token in seq16 order, the sums carried from block to block. The GLU
+ * activation, exp_sub and softmax_rows are the reference loops (kmath.h's functions, compiled as
+ * plain C).
  */
 #include "kernels/kern.h"
 
@@ -170,6 +171,7 @@ static const kern_ops ops = {
     .kda_step = kern_scalar_kda_step,
     .glu = kern_scalar_glu,
     .exp_sub = kern_scalar_exp_sub,
+    .softmax_rows = kern_scalar_softmax_rows,
 };
 const kern_ops *kern_neon(void) { return &ops; }
 #else

@@ -118,6 +118,22 @@ void kern_scalar_exp_sub(float *x, int n, float m)
         x[i] = km_expf(x[i] - m);
 }
 
+void kern_scalar_softmax_rows(float *s, size_t ld, const int *n, int rows, float scale)
+{
+    for (int r = 0; r < rows; r++) {
+        float *x = s + (size_t)r * ld, m = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < n[r]; i++)
+            x[i] = x[i] * scale;
+        for (int i = 0; i < n[r]; i++)
+            m = x[i] > m ? x[i] : m;
+        kern_scalar_exp_sub(x, n[r], m);
+        for (int i = 0; i < n[r]; i++)
+            sum += x[i];
+        for (int i = 0; i < n[r]; i++)
+            x[i] = x[i] / sum;
+    }
+}
+
 const kern_ops kern_scalar = {
     .name = "scalar",
     .matmul = scalar_matmul,
@@ -129,4 +145,5 @@ const kern_ops kern_scalar = {
     .kda_step = kern_scalar_kda_step,
     .glu = kern_scalar_glu,
     .exp_sub = kern_scalar_exp_sub,
+    .softmax_rows = kern_scalar_softmax_rows,
 };

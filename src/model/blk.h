@@ -119,9 +119,6 @@ void blk_glu(const blk *b, float *gate, const float *up, size_t n);
 void blk_rope_table(const hparams *hp, int pos, float *cs);
 void blk_rope_apply(const hparams *hp, float *v, const float *cs);
 /* AttnRes: out = sum_j softmax_j(u . v_j / rms(v_j)) v_j over sources src[0..n), n >= 1. */
-/* A softmax in place, in kern.h's spirit of one fixed order: the max left to right, exp_sub,
- * the sum left to right, then each s[j] / sum (attention's and AttnRes's weights). */
-void blk_softmax(const kern_ops *k, float *s, int n);
 void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out);
 
 /* exp, tanh, sigmoid and log1p are kmath.h's (not libm's: the same bits on every machine) */

@@ -140,18 +140,6 @@ void blk_rope_apply(const hparams *hp, float *v, const float *cs)
     }
 }
 
-void blk_softmax(const kern_ops *k, float *s, int n)
-{
-    float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < n; j++)
-        mx = s[j] > mx ? s[j] : mx;
-    k->exp_sub(s, n, mx);
-    for (int j = 0; j < n; j++)
-        sum += s[j];
-    for (int j = 0; j < n; j++)
-        s[j] = s[j] / sum;
-}
-
 void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *u, int H, float *out)
 {
     float s[MODEL_MAX_BLOCKS + 1]; /* n <= MAX_BLOCKS + 1 (cfg_validate) */
@@ -160,7 +148,7 @@ void blk_attnres_mix(const blk *b, const float *const *src, int n, const float *
         float r = 1.0f / sqrtf(ss / (float)H + b->hp->rms_eps);
         s[j] = b->k->dot(src[j], u, H) * r; /* keys RMS-normed, values raw */
     }
-    blk_softmax(b->k, s, n);
+    b->k->softmax_rows(s, 0, &n, 1, 1.0f); /* (x * 1 is x) */
     for (int i = 0; i < H; i++)
         out[i] = 0.0f;
     for (int j = 0; j < n; j++)

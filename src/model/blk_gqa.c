@@ -48,14 +48,10 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
                     k->dot_rows(q[r], kr, W, m, hd, sc + (size_t)r * ld + s0);
             }
         }
-        for (int r = 0; r < R; r++) {
-            float *sr = sc + (size_t)r * ld;
-            for (int s = 0; s < n[r]; s++)
-                sr[s] *= hp->attn_scale;
-            blk_softmax(k, sr, n[r]);
+        k->softmax_rows(sc, ld, n, R, hp->attn_scale);
+        for (int r = 0; r < R; r++)
             for (int e = 0; e < hd; e++)
                 o[r][e] = 0.0f;
-        }
         for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *vr = blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd;
             for (int r = 0; r < R; r++) {

@@ -31,9 +31,9 @@ void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const floa
         float v = k->dot(qa, cs, r);
         if (rope)
             v += k->dot(qh + nope, cs + r, rope);
-        sc[s] = v * scale;
+        sc[s] = v;
     }
-    blk_softmax(k, sc, n);
+    k->softmax_rows(sc, 0, &n, 1, scale);
     for (int i = 0; i < r; i++)
         ol[i] = 0.0f;
     for (int s = 0; s < n; s++)
@@ -108,16 +108,16 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
                     for (int s = 0; s < m; s++)
                         sr[s] += pe[s];
                 }
-                for (int s = 0; s < m; s++)
-                    sr[s] = sr[s] * hp->attn_scale;
             }
         }
+        int n[BLK_ATT_ROWS];
         for (int rho = 0; rho < R; rho++) {
             float *o = ol + (size_t)rho * r;
-            blk_softmax(k, sc + (size_t)rho * ld, j->pos0 + t0 + rho % nt + 1);
+            n[rho] = j->pos0 + t0 + rho % nt + 1;
             for (int e = 0; e < r; e++)
                 o[e] = 0.0f;
         }
+        k->softmax_rows(sc, ld, n, R, hp->attn_scale);
         for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
             const float *c = blk_kv_row(j->st, s0, W);
             for (int rho = 0; rho < R; rho++) {
