@@ -387,14 +387,17 @@ static void check_elementwise(const kern_ops *k)
         CHECKF(memcmp(o1, o2, sizeof o1) == 0, "%s dot_rows len=%d differs", k->name, len);
     }
     /* axpy_rows against the scalar table's axpys one row at a time (lengths through one and two
-     * register blocks with tails, a row stride wider than the length) */
-    static const int lens[] = {1, 7, 64, 100, 128, 129, 200, 300};
+     * register blocks with tails of every vector count, a row stride wider than the length), and
+     * nothing past the length written */
+    static const int lens[] = {1, 7, 16, 20, 64, 90, 100, 120, 128, 129, 200, 250, 280};
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
         enum { ROWS = 9, LDX = 311 };
         int len = lens[li];
-        float y1[300], y2[300], x[ROWS * LDX], a[ROWS];
+        float y1[300], y2[300], x[ROWS * LDX], a[ROWS]; /* (y2: 16 sentinels past the length) */
         for (int i = 0; i < len; i++)
             y1[i] = y2[i] = (float)rng_normal(&r);
+        for (int i = len; i < len + 16; i++)
+            y2[i] = 7.0f;
         for (int i = 0; i < ROWS * LDX; i++)
             x[i] = (float)rng_normal(&r);
         for (int s = 0; s < ROWS; s++) {
@@ -403,6 +406,8 @@ static void check_elementwise(const kern_ops *k)
         }
         k->axpy_rows(y2, x, LDX, a, ROWS, len);
         CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "%s axpy_rows len=%d differs", k->name, len);
+        for (int i = len; i < len + 16; i++)
+            CHECKF(y2[i] == 7.0f, "%s axpy_rows len=%d wrote past the end", k->name, len);
     }
     static const int dims[] = {16, 32, 64, 128, 24};
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
