@@ -371,8 +371,9 @@ static void check_elementwise(const kern_ops *k)
         CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)n) == 0, "%s axpy n=%d differs", k->name, n);
     }
     /* dot_rows against the scalar table's dots: runs of 8 and a remainder, lengths with and
-     * without a tail, a row stride wider than the length */
-    static const int dlens[] = {1, 7, 64, 100, 128, 200};
+     * without a tail (tails of whole vectors too: MLA's rope parts are 32), a row stride wider
+     * than the length */
+    static const int dlens[] = {1, 7, 16, 32, 48, 64, 100, 128, 200};
     for (size_t li = 0; li < sizeof dlens / sizeof dlens[0]; li++) {
         enum { DROWS = 19, DLDX = 203 };
         int len = dlens[li];

@@ -1,9 +1,9 @@
 /* kern_avx512.c — AVX-512 (F, BW, VL, DQ) kernels, bit-identical to kern_scalar.c.
  *
  * dot's 64 partial sums (seq64) live in four zmm registers z0..z3 (lanes 0-15, 16-31, 32-47,
- * 48-63) and a matrix output's 16 (seq16) in one; dot_v8 and dot_v8_run with kern_dot8.inc, and
- * reduce16, are the kern.h trees step by step. A dot's tail shorter than 64 is added with masked
- * FMAs, so lanes past the end are left untouched.
+ * 48-63) and a matrix output's 16 (seq16) in one; dot_v8 with kern_dot8.inc, dot_rows8 (eight
+ * dots, their trees transposed from h = 8 on) and reduce16 are the kern.h trees step by step. A
+ * dot's tail shorter than 64 is added with masked FMAs, so lanes past the end are left untouched.
  *
  * T = 1 (decode) runs fused decode + FMA, four rows at a time (four FMA chains, one activation
  * load for four FMAs), long rows in passes of kern_matmul.inc's span so the activations stay in
@@ -53,14 +53,19 @@ INLINE void tail_fma(const float *w, const float *x, int rem, __m512 *z)
     }
 }
 
-/* The seq64 tree's steps h = 32, 16, 8 of a dot's 64 partial sums z0..z3: the 8 sums that
- * kern_dot8.inc finishes. */
-INLINE __m256 tree_v8(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
+/* The seq64 tree's steps h = 32 and 16 of a dot's 64 partial sums z0..z3: its 16 sums. */
+INLINE __m512 tree_v16(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
 {
     z0 = _mm512_add_ps(z0, z2); /* h = 32 */
     z1 = _mm512_add_ps(z1, z3);
-    z0 = _mm512_add_ps(z0, z1); /* h = 16 */
-    return _mm256_add_ps(_mm512_castps512_ps256(z0), _mm512_extractf32x8_ps(z0, 1)); /* h = 8 */
+    return _mm512_add_ps(z0, z1); /* h = 16 */
+}
+
+/* tree_v16 and the step h = 8: the 8 sums that kern_dot8.inc finishes. */
+INLINE __m256 tree_v8(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
+{
+    __m512 v = tree_v16(z0, z1, z2, z3);
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); /* h = 8 */
 }
 
 /* A dot's 8 sums after the h = 8 step. */
@@ -77,12 +82,19 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
     return tree_v8(z[0], z[1], z[2], z[3]);
 }
 
-/* dot_v8 of a against eight rows of x (ldx apart), four rows at a time: 16 zmm of sums, each
+/* Eight dots of a against rows of x (ldx apart), four rows at a time: 16 zmm of sums, each
  * vector of a loaded once for four FMAs, and four independent chains where one dot has two
  * FMAs a sum at a head size of 128 (a dot of 128 in 18 cycles instead of 22-25 on an Intel
- * AVX-512 VM: bench/results/engine.md, seventeenth session). */
-INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256 *v)
+ * AVX-512 VM: bench/results/engine.md, seventeenth session). v[j]: dot j's 16 sums after h = 16. */
+INLINE void dot_v16_run(const float *a, const float *x, size_t ldx, int n, __m512 *v)
 {
+    int i0 = n / 64 * 64, rem = n - i0;
+    __mmask16 tm[4]; /* the tail's lanes (tail_fma's masks, once for the eight rows) */
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+    {
+        int c = rem - 16 * k;
+        tm[k] = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
+    }
     for (int j = 0; j < 8; j += 4) {
         __m512 z[4][4];
         _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
@@ -94,11 +106,47 @@ INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256
                 _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) z[b][k] =
                     _mm512_fmadd_ps(va, _mm512_loadu_ps(x + (size_t)(j + b) * ldx + i + 16 * k), z[b][k]);
             }
-        if (i < n)
-            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++)
-                tail_fma(a + i, x + (size_t)(j + b) * ldx + i, n - i, z[b]);
-        _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) v[j + b] = tree_v8(z[b][0], z[b][1], z[b][2], z[b][3]);
+        /* tail_fma's steps for the four rows, a vector of a loaded once for them; a vector with
+         * no lane left is skipped (masked off, it would leave its sums as they are). MLA's rope
+         * dots of 32: 14.4-15.3 -> 8.6-8.9 cycles a dot (bench/results/engine.md, eighteenth
+         * session) */
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) if (tm[k])
+        {
+            __m512 va = _mm512_maskz_loadu_ps(tm[k], a + i0 + 16 * k);
+            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) z[b][k] = _mm512_mask3_fmadd_ps(
+                va, _mm512_maskz_loadu_ps(tm[k], x + (size_t)(j + b) * ldx + i0 + 16 * k), z[b][k], tm[k]);
+        }
+        _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) v[j + b] = tree_v16(z[b][0], z[b][1], z[b][2], z[b][3]);
     }
+}
+
+/* The tree's steps h = 8, 4, 2 and 1 for eight dots at once, v[j] dot j's 16 sums: the vectors
+ * are transposed as they are added (kern_dot8.inc's way, in zmm: 26 instructions for the eight
+ * where tree_v8's last step and dot8_finish took 38), and every add has the lone dot's two
+ * operands, so the bits are its own. */
+INLINE void dot16_finish8(const __m512 *v, float *out)
+{
+    __m512 b[4], c[2];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) /* h = 8: [dot 2j's 8 | dot 2j+1's 8] */
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) /* h = 4: 128-bit lane q holds dot 4j + q's 4 */
+        c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+    /* h = 2: lane q [dot q's 2 | dot 4 + q's 2]; h = 1: lane q [dot q, dot 4 + q, (the same)] */
+    __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44), _mm512_shuffle_ps(c[0], c[1], 0xEE));
+    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d, d, 0x88), _mm512_shuffle_ps(d, d, 0xDD));
+    __m512 o = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), e);
+    _mm256_storeu_ps(out, _mm512_castps512_ps256(o));
+}
+
+/* kern_dot8.inc's dot_rows, eight rows at a time */
+#define ISA_DOT_ROWS8 1
+INLINE void dot_rows8(const float *a, const float *x, size_t ldx, int n, float *out)
+{
+    __m512 v[8];
+    dot_v16_run(a, x, ldx, n, v);
+    dot16_finish8(v, out);
 }
 
 #include "kernels/kern_dot8.inc"
