@@ -387,6 +387,21 @@ static void check_elementwise(const kern_ops *k)
         k->dot_rows(q, x, DLDX, DROWS, len, o2);
         CHECKF(memcmp(o1, o2, sizeof o1) == 0, "%s dot_rows len=%d differs", k->name, len);
     }
+    /* products that underflow to -0 leave every partial sum -0, so the dot is -0 only if the
+     * tail leaves the lanes past the end untouched (adding +0 x +0 to them makes them +0) */
+    {
+        enum { ULEN = 68, UROWS = 9 };
+        float q[ULEN], x[UROWS * ULEN], o1[UROWS], o2[UROWS];
+        for (int i = 0; i < ULEN; i++)
+            q[i] = -0x1p-100f;
+        for (int i = 0; i < UROWS * ULEN; i++)
+            x[i] = 0x1p-60f;
+        for (int s = 0; s < UROWS; s++)
+            o1[s] = kern_scalar.dot(q, x + s * ULEN, ULEN);
+        k->dot_rows(q, x, ULEN, UROWS, ULEN, o2);
+        CHECKF(signbit(o1[0]) && memcmp(o1, o2, sizeof o1) == 0, "%s dot_rows of underflowing products differs",
+               k->name);
+    }
     /* axpy_rows against the scalar table's axpys one row at a time (lengths through one and two
      * register blocks with tails of every vector count, a row stride wider than the length), and
      * nothing past the length written */
