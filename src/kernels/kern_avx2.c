@@ -45,7 +45,7 @@ INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 0..8 */
 /* Adds w[0..rem) x[0..rem) (rem < 64) to lanes 0..rem-1 of r, lanes past the end untouched. The
  * last vector is read by a masked load (lanes past the end read as zeros, never touched in memory)
  * and blended in; whole vectors go straight in. (Copying the tail into zeroed stack buffers first
- * cost a rope dot of 32 about 106 cycles: bench/results/engine.md, eighteenth session.) */
+ * cost a rope dot of 32 about 104 cycles: bench/results/engine.md, eighteenth session.) */
 INLINE void tail_fma(const float *w, const float *x, int rem, __m256 *r)
 {
     for (int k = 0; k < 8 && rem > 8 * k; k++) {
