@@ -281,6 +281,45 @@ void kern_test_matches_scalar(const kern_ops *k)
         float x = kern_scalar.dot(a, b, n), y = k->dot(a, b, n);
         CHECKF(same_bits(x, y), "%s dot n=%d: %a vs %a", k->name, n, x, y);
     }
+    /* Products that underflow to -0 (-2^-100 x 2^-60) leave every partial sum -0, and the
+     * scalar table's sum of such a row is -0. A tail padded with +0 x +0 would turn a lane past
+     * the row's end into +0 (-0 + +0 = +0), and the row into +0 (kern_matmul.inc). Column counts
+     * end inside a vector (20, 33, 100) or inside a column block (1000); the tokens take every
+     * path (T = 1, fused groups, tiles). */
+    for (int fmt = 0; fmt < WF_COUNT; fmt++) {
+        if (fmt != WF_F32 && fmt != WF_BF16)
+            continue;
+        static const int ncols[] = {20, 33, 100, 1000}, ntok[] = {1, 2, 3, 5, 8, 13, 70};
+        enum { NR = 5 };
+        for (size_t ci = 0; ci < sizeof ncols / sizeof ncols[0]; ci++)
+            for (size_t ti = 0; ti < sizeof ntok / sizeof ntok[0]; ti++) {
+                int cols = ncols[ci], T = ntok[ti];
+                size_t es = fmt == WF_F32 ? 4 : 2;
+                uint8_t *d = malloc(es * NR * (size_t)cols);
+                for (size_t i = 0; i < (size_t)NR * (size_t)cols; i++) {
+                    float v = -0x1p-100f;
+                    uint16_t h = f32_to_bf16(v);
+                    memcpy(d + es * i, fmt == WF_F32 ? (const void *)&v : (const void *)&h, es);
+                }
+                kmat m;
+                kmat_init(&m, fmt, NR, cols, d, NULL);
+                float *x = malloc(sizeof(float) * (size_t)T * (size_t)cols);
+                for (size_t i = 0; i < (size_t)T * (size_t)cols; i++)
+                    x[i] = 0x1p-60f;
+                float *y1 = calloc((size_t)T * NR, 4), *y2 = calloc((size_t)T * NR, 4);
+                float *scratch = aligned_alloc(64, (kern_scratch_floats((size_t)cols) * 4 + 63) / 64 * 64);
+                kern_scalar.matmul(&m, 0, NR, x, (size_t)cols, T, y1, NR, scratch);
+                k->matmul(&m, 0, NR, x, (size_t)cols, T, y2, NR, scratch);
+                CHECKF(signbit(y1[0]) && memcmp(y1, y2, sizeof(float) * (size_t)T * NR) == 0,
+                       "%s %s matmul of underflowing products, cols %d T %d: %a vs %a", k->name,
+                       wfmt_table[fmt].name, cols, T, (double)y1[0], (double)y2[0]);
+                free(d);
+                free(x);
+                free(y1);
+                free(y2);
+                free(scratch);
+            }
+    }
     /* decode_rows is the exact decoder */
     for (int fmt = 0; fmt < WF_COUNT; fmt++) {
         kmat m;

@@ -142,8 +142,12 @@ INLINE __m256 plain_scale(int fmt, const kmat *w, int r, int i)
 #define ISA_LANES 8
 INLINE __m256 vzero(void) { return _mm256_setzero_ps(); }
 INLINE __m256 vload(const float *p) { return _mm256_loadu_ps(p); }
-/* lanes past n are neither read nor set (vmaskmovps does not fault on them) */
-INLINE __m256 vload_n(const float *p, int n) { return _mm256_maskload_ps(p, _mm256_castps_si256(lane_mask(n))); }
+/* lanes past n are not read (vmaskmovps does not fault on them) and come out -0 */
+INLINE __m256 vload_n(const float *p, int n)
+{
+    __m256 m = lane_mask(n);
+    return _mm256_or_ps(_mm256_maskload_ps(p, _mm256_castps_si256(m)), _mm256_andnot_ps(m, _mm256_set1_ps(-0.0f)));
+}
 INLINE void vstore(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
 INLINE __m256 vfma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 

@@ -200,7 +200,11 @@ INLINE __m512 plain_scale(int fmt, const kmat *w, int r, int i)
 #define ISA_LANES 16
 INLINE __m512 vzero(void) { return _mm512_setzero_ps(); }
 INLINE __m512 vload(const float *p) { return _mm512_loadu_ps(p); }
-INLINE __m512 vload_n(const float *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+/* lanes past n are not read and come out -0 */
+INLINE __m512 vload_n(const float *p, int n)
+{
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(-0.0f), (__mmask16)((1u << n) - 1), p);
+}
 INLINE void vstore(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
 INLINE __m512 vfma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
 

@@ -96,8 +96,10 @@ static void sums16_add(float *s, const float *w, const float *x, int len)
     for (; i + 16 <= len; i += 16)
         for (int k = 0; k < 4; k++)
             a[k] = vfmaq_f32(a[k], vld1q_f32(w + i + 4 * k), vld1q_f32(x + i + 4 * k));
-    if (i < len) { /* zero padding adds nothing (see kern_matmul.inc) */
-        float tw[16] = {0}, tx[16] = {0};
+    if (i < len) { /* +0 x -0 padding adds nothing (see kern_matmul.inc) */
+        float tw[16] = {0}, tx[16];
+        for (int j = 0; j < 16; j++)
+            tx[j] = -0.0f;
         memcpy(tw, w + i, sizeof(float) * (size_t)(len - i));
         memcpy(tx, x + i, sizeof(float) * (size_t)(len - i));
         for (int k = 0; k < 4; k++)
