@@ -42,28 +42,43 @@ INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 0..8 */
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c), idx));
 }
 
-/* Adds w[0..rem) x[0..rem) (rem < 64) to lanes 0..rem-1 of r, lanes past the end untouched. The
- * last vector is read by a masked load (lanes past the end read as zeros, never touched in memory)
- * and blended in; whole vectors go straight in. (Copying the tail into zeroed stack buffers first
- * cost a rope dot of 32 about 104 cycles: bench/results/engine.md, eighteenth session.) */
-INLINE void tail_fma(const float *w, const float *x, int rem, __m256 *r)
+/* A dot's columns past its last whole 64: nf whole vectors, then one of c lanes (mask m, c = 0 for
+ * none). Worked out once per dot_rows call: every row has the same length. */
+typedef struct {
+    int nf, c;
+    __m256 m;
+} dot_tail;
+
+INLINE dot_tail dot_tail_of(int rem)
 {
-    for (int k = 0; k < 8 && rem > 8 * k; k++) {
-        int c = rem - 8 * k;
-        if (c >= 8) {
+    dot_tail t = {rem / 8, rem % 8, lane_mask(rem % 8)};
+    return t;
+}
+
+/* Adds w[0..rem) x[0..rem) (rem < 64, as t gives it) to lanes 0..rem-1 of r, lanes past the end
+ * untouched. The last vector is read by a masked load (lanes past the end read as zeros, never
+ * touched in memory) and blended in; whole vectors go straight in. The loop is unrolled with
+ * constant indices so that r stays in registers: rolled, gcc kept a dot's eight sums on the
+ * stack, a store and a reload each per dot (bench/results/engine.md, nineteenth session). (Copying
+ * the tail into zeroed stack buffers first cost a rope dot of 32 about 104 cycles: eighteenth
+ * session.) */
+INLINE void tail_fma(const float *w, const float *x, dot_tail t, __m256 *r)
+{
+    UNROLL
+    for (int k = 0; k < 8; k++) {
+        if (k < t.nf) {
             r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8 * k), _mm256_loadu_ps(x + 8 * k), r[k]);
-        } else {
-            __m256 m = lane_mask(c);
-            __m256i mi = _mm256_castps_si256(m);
+        } else if (k == t.nf && t.c) {
+            __m256i mi = _mm256_castps_si256(t.m);
             __m256 f = _mm256_fmadd_ps(_mm256_maskload_ps(w + 8 * k, mi), _mm256_maskload_ps(x + 8 * k, mi), r[k]);
-            r[k] = _mm256_blendv_ps(r[k], f, m);
+            r[k] = _mm256_blendv_ps(r[k], f, t.m);
         }
     }
 }
 
 /* A dot's 64 partial sums in r[0..7] and the seq64 tree's steps h = 32, 16, 8: the 8 sums that
- * kern_dot8.inc finishes. */
-INLINE __m256 dot_v8(const float *a, const float *b, int n)
+ * kern_dot8.inc finishes; t is dot_tail_of(n % 64). */
+INLINE __m256 dot_v8t(const float *a, const float *b, int n, dot_tail t)
 {
     __m256 r[8];
     UNROLL
@@ -75,7 +90,7 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
         for (int k = 0; k < 8; k++)
             r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), r[k]);
     if (i < n)
-        tail_fma(a + i, b + i, n - i, r);
+        tail_fma(a + i, b + i, t, r);
     UNROLL
     for (int k = 0; k < 4; k++) /* h = 32 */
         r[k] = _mm256_add_ps(r[k], r[k + 4]);
@@ -84,12 +99,16 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
     return _mm256_add_ps(r[0], r[1]); /* h = 8 */
 }
 
+INLINE __m256 dot_v8(const float *a, const float *b, int n) { return dot_v8t(a, b, n, dot_tail_of(n % 64)); }
+
 /* dot_v8 of a against eight rows of x (ldx apart), one row at a time: a dot's sums take eight
  * of the sixteen ymm already. */
 INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256 *v)
 {
+    dot_tail t = dot_tail_of(n % 64);
+    UNROLL
     for (int j = 0; j < 8; j++)
-        v[j] = dot_v8(a, x + (size_t)j * ldx, n);
+        v[j] = dot_v8t(a, x + (size_t)j * ldx, n, t);
 }
 
 #include "kernels/kern_dot8.inc"
