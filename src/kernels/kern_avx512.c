@@ -41,15 +41,24 @@ static void tab_init(void)
             mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
 }
 
-/* Adds w[0..rem) x[0..rem) (rem < 64, already decoded and in lane order) to lanes 0..rem-1. */
-INLINE void tail_fma(const float *w, const float *x, int rem, __m512 *z)
+/* The lanes of a dot's four vectors that a tail of rem < 64 columns reaches: all 16, the first
+ * rem - 16 k, or none (none past the end) */
+INLINE void tail_masks(int rem, __mmask16 *tm)
 {
     _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-        int c = rem - 16 * k; /* lanes of vector k still in the row: none past the end */
-        __mmask16 m = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
-        __m512 vw = _mm512_maskz_loadu_ps(m, w + 16 * k);
-        __m512 vx = _mm512_maskz_loadu_ps(m, x + 16 * k);
-        z[k] = _mm512_mask3_fmadd_ps(vw, vx, z[k], m);
+        int c = rem - 16 * k;
+        tm[k] = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
+    }
+}
+
+/* Adds w[0..rem) x[0..rem) (already decoded and in lane order) to lanes 0..rem-1, tm being
+ * tail_masks(rem). */
+INLINE void tail_fma(const float *w, const float *x, const __mmask16 *tm, __m512 *z)
+{
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        __m512 vw = _mm512_maskz_loadu_ps(tm[k], w + 16 * k);
+        __m512 vx = _mm512_maskz_loadu_ps(tm[k], x + 16 * k);
+        z[k] = _mm512_mask3_fmadd_ps(vw, vx, z[k], tm[k]);
     }
 }
 
@@ -77,8 +86,11 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
     for (; i + 64 <= n; i += 64)
         _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) z[k] =
             _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), z[k]);
-    if (i < n)
-        tail_fma(a + i, b + i, n - i, z);
+    if (i < n) {
+        __mmask16 tm[4];
+        tail_masks(n - i, tm);
+        tail_fma(a + i, b + i, tm, z);
+    }
     return tree_v8(z[0], z[1], z[2], z[3]);
 }
 
@@ -89,12 +101,8 @@ INLINE __m256 dot_v8(const float *a, const float *b, int n)
 INLINE void dot_v16_run(const float *a, const float *x, size_t ldx, int n, __m512 *v)
 {
     int i0 = n / 64 * 64, rem = n - i0;
-    __mmask16 tm[4]; /* the tail's lanes (tail_fma's masks, once for the eight rows) */
-    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
-    {
-        int c = rem - 16 * k;
-        tm[k] = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
-    }
+    __mmask16 tm[4]; /* the tail's lanes, once for the eight rows */
+    tail_masks(rem, tm);
     for (int j = 0; j < 8; j += 4) {
         __m512 z[4][4];
         _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
