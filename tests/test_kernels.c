@@ -1,5 +1,5 @@
 /* test_kernels.c — format decoders against known values, every SIMD kernel against the scalar
- * reference with memcmp (the seq64 contract of kern.h: same bits on every ISA), and kmath.h's
+ * reference with memcmp (the seq16 contract of kern.h: same bits on every ISA), and kmath.h's
  * functions against libm's double precision (accuracy) and against their own pinned bits (the same
  * on every machine: this file also runs on AArch64 under qemu, see the Makefile's test-neon, and with
  * the GPU's kernels behind a kern_ops table in tests/cuda/test_cuda.c). */
@@ -350,28 +350,54 @@ TEST(kern_avx2_matches_scalar) { kern_test_matches_scalar(kern_avx2()); }
 TEST(kern_avx512_matches_scalar) { kern_test_matches_scalar(kern_avx512()); }
 TEST(kern_neon_matches_scalar) { kern_test_matches_scalar(kern_neon()); }
 
-TEST(kern_scalar_is_seq64)
+TEST(kern_scalar_dot_is_seq16)
 {
     /* the lane and tree order is visible where rounding depends on it: 1e8 + 1 loses the 1
      * within one lane, while a 1 in another lane survives until the tree adds it last */
-    float a[130] = {0}, b[130];
-    for (int i = 0; i < 130; i++)
+    float a[40] = {0}, b[40];
+    for (int i = 0; i < 40; i++)
         b[i] = 1.0f;
     a[0] = 1e8f;
-    a[64] = 1.0f; /* same lane as a[0]: fma(1, 1, 1e8) = 1e8 (1 is lost) */
-    a[128] = -1e8f;
-    float got = kern_scalar.dot(a, b, 130);
+    a[16] = 1.0f; /* same lane as a[0]: fma(1, 1, 1e8) = 1e8 (1 is lost) */
+    a[32] = -1e8f;
+    float got = kern_scalar.dot(a, b, 40);
     CHECKF(got == 0.0f, "got %g", got);
-    a[64] = 0;
+    a[16] = 0;
     a[1] = 1.0f; /* a different lane: survives until the tree adds lane 1 to lane 0 at h=1 */
-    got = kern_scalar.dot(a, b, 130);
+    got = kern_scalar.dot(a, b, 40);
     CHECKF(got == 1.0f, "got %g", got); /* a plain left-to-right sum would give 0 */
+    /* a dot is the F32 matrix row's product, bit for bit (attention's scores may be a matmul) */
+    rng r;
+    rng_seed(&r, 5);
+    size_t sf = (kern_scratch_floats(300) + 15) / 16 * 16;
+    float *scratch = aligned_alloc(64, sizeof(float) * sf);
+    CHECK(scratch);
+    int bad = -1;
+    float bd = 0, by = 0;
+    for (int n = 1; n < 300; n += 7) {
+        float u[300], v[300];
+        for (int i = 0; i < n; i++) {
+            u[i] = (float)rng_normal(&r);
+            v[i] = (float)rng_normal(&r);
+        }
+        kmat m;
+        kmat_init(&m, WF_F32, 1, n, u, NULL);
+        float y = -1;
+        kern_scalar.matmul(&m, 0, 1, v, (size_t)n, 1, &y, 1, scratch);
+        float d = kern_scalar.dot(u, v, n);
+        if (!same_bits(d, y)) {
+            bad = n, bd = d, by = y;
+            break;
+        }
+    }
+    free(scratch);
+    CHECKF(bad < 0, "n=%d: dot %a, F32 row %a", bad, bd, by);
 }
 
 TEST(kern_scalar_matmul_is_seq16)
 {
     /* a matrix row has 16 lanes: column 16 shares column 0's lane (its 1 is lost against 1e8),
-     * column 1 does not (its 1 survives until the tree's last step); seq64 would keep both */
+     * column 1 does not (its 1 survives until the tree's last step); 64 lanes would keep both */
     float w[40] = {0}, x[40];
     for (int i = 0; i < 40; i++)
         x[i] = 1.0f;
@@ -410,7 +436,7 @@ static void check_elementwise(const kern_ops *k)
     /* dot_rows against the scalar table's dots: runs of 8 and a remainder, lengths with and
      * without a tail (tails of whole vectors too: MLA's rope parts are 32), a row stride wider
      * than the length */
-    static const int dlens[] = {1, 7, 16, 32, 48, 64, 100, 128, 200};
+    static const int dlens[] = {1, 7, 16, 20, 24, 30, 32, 48, 64, 100, 128, 200};
     for (size_t li = 0; li < sizeof dlens / sizeof dlens[0]; li++) {
         enum { DROWS = 19, DLDX = 203 };
         int len = dlens[li];

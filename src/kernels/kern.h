@@ -2,33 +2,35 @@
  *
  * THE EXACTNESS CONTRACT LIVES HERE. Every kernel computes each output element in one fixed,
  * documented order, so the bits of a result never depend on T (how many tokens a pass
- * carries), on the chunk or thread that computed it, or on the instruction set. There are two
- * orders, one for a matrix row against an activation vector and one for two activation vectors:
+ * carries), on the chunk or thread that computed it, or on the instruction set. There is one
+ * order ("seq16") for every reduction, a matrix row against an activation vector and two
+ * activation vectors alike:
  *
- *   matrix rows ("seq16"): y = W[r, :] . x over n columns uses 16 float32 partial sums
- *   acc[0..15], all +0 at the start; for i = 0, 1, ..., n-1 in order,
- *   acc[lane(i)] = fma(w[i], x[i], acc[lane(i)]); then a fixed tree: for h = 8, 4, 2, 1:
- *   acc[j] = acc[j] + acc[j + h] for j < h. The result is acc[0]. For the plain formats
- *   lane(i) = i % 16. The 4-bit formats (MXFP4, INT4) use the "nibble" order
- *   lane(i) = (i % 32) / 2, because a byte holds an even column in its low nibble and the next
- *   odd column in its high nibble: a 32-column group's even columns (one vector of low nibbles)
- *   and then its odd columns (one of high nibbles) go to the same 16 lanes, and within each lane
- *   the columns still come in increasing i. SIMD code then indexes a 16-entry value table
- *   straight from the nibbles, about twice as fast as restoring column order.
+ *   y = w . x over n elements uses 16 float32 partial sums acc[0..15], all +0 at the start; for
+ *   i = 0, 1, ..., n-1 in order, acc[lane(i)] = fma(w[i], x[i], acc[lane(i)]); then a fixed
+ *   tree: for h = 8, 4, 2, 1: acc[j] = acc[j] + acc[j + h] for j < h. The result is acc[0].
+ *   lane(i) = i % 16, for two vectors and for the plain formats. The 4-bit formats (MXFP4, INT4)
+ *   use the "nibble" order lane(i) = (i % 32) / 2, because a byte holds an even column in its
+ *   low nibble and the next odd column in its high nibble: a 32-column group's even columns (one
+ *   vector of low nibbles) and then its odd columns (one of high nibbles) go to the same 16
+ *   lanes, and within each lane the columns still come in increasing i. SIMD code then indexes a
+ *   16-entry value table straight from the nibbles, about twice as fast as restoring column order.
  *
- *   vectors ("seq64", dot): the same with 64 partial sums, lane(i) = i % 64, and the tree
- *   h = 32, 16, 8, 4, 2, 1. A lone dot product (a norm, an attention score) wants many
- *   independent FMA chains; a matrix wants one small state per output, so that a register tile
- *   of several rows times several tokens (AVX-512: 4 x 6 vectors) reuses each load: with 64 sums
- *   a tile held one row and four tokens, 20 loads per 16 FMAs, and prefill ran at 0.3 of the FMA
- *   peak (bench/results/engine.md).
+ * Sixteen sums, not more, so that one output owns one AVX-512 vector (two AVX2, four NEON) and a
+ * register tile holds several rows times several tokens (AVX-512: 4 x 6 vectors), reusing each
+ * load: with 64 sums a tile held one row and four tokens, 20 loads per 16 FMAs, and prefill ran at
+ * 0.3 of the FMA peak. Two vectors once had 64 sums ("seq64"); since the twentieth session they
+ * share the matrix order, so a dot of two float32 vectors is the F32 matrix row's product, an
+ * attention score over many query rows is a matmul, and a short dot ends in one vector add
+ * rather than a tree of seven (bench/results/engine.md). A lone long dot is one FMA chain per
+ * lane; the multi-row kernels interleave rows to hide its latency.
  *
  * A matrix row is first dequantized exactly (dtype.h) and then reduced with seq16, so a
  * row-times-vector product has one defined value for every format. The scalar table is the
- * definition (it spells the orders out literally); the AVX2, AVX-512 and NEON tables must and do
+ * definition (it spells the order out literally); the AVX2, AVX-512 and NEON tables must and do
  * produce the same bits (tests/test_kernels.c compares them with memcmp), which also makes
  * logits identical across machines. The CUDA kernels (src/backend/cuda/cuda_kern.cu and
- * cuda_mm.cu) compute the same orders and are held to the scalar table by the same tests; no
+ * cuda_mm.cu) compute the same order and are held to the scalar table by the same tests; no
  * operation is exempt on the GPU (tensor cores are not used: their accumulation order is not
  * seq16's). The one exception is which NaN: a result that is NaN (a NaN
  * weight, such as MXFP4's scale byte 255, or inf - inf) is NaN on every table and path, but its
@@ -48,9 +50,9 @@ typedef struct kern_ops {
      * scratch: kern_scratch_floats(w->cols) floats, 64-byte aligned, owned by the calling thread. */
     void (*matmul)(const kmat *w, int r0, int r1, const float *x, size_t ldx, int T, float *y, size_t ldy,
                    float *scratch);
-    /* seq64 dot product of two float32 vectors. */
+    /* seq16 dot product of two float32 vectors (the F32 matrix row's product). */
     float (*dot)(const float *a, const float *b, int n);
-    /* out[s] = dot(a, x + s * ldx, n) for s < rows, each the seq64 dot above: attention's scores
+    /* out[s] = dot(a, x + s * ldx, n) for s < rows, each the dot above: attention's scores
      * over a run of key rows (SIMD tables finish eight trees at once). */
     void (*dot_rows)(const float *a, const float *x, size_t ldx, int rows, int n, float *out);
     /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
@@ -128,9 +130,7 @@ const kern_ops *kern_neon(void);
  * NULL or "auto" = fastest). Returns NULL if the named table is not available here. */
 const kern_ops *kern_select(const char *name);
 
-/* The seq64 and seq16 reduction trees over acc[64] and acc[16] (shared by the scalar kernels
- * and by tests). */
-float kern_seq64_reduce(float acc[64]);
+/* The seq16 reduction tree over acc[16] (shared by the scalar kernels and by tests). */
 float kern_seq16_reduce(float acc[16]);
 /* seq16's lane of element i in a matrix row of format fmt (i % 16, or the nibble order). */
 static inline int kern_lane(int fmt, int i)

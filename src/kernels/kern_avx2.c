@@ -1,8 +1,8 @@
 /* kern_avx2.c — AVX2 + FMA + F16C kernels, bit-identical to kern_scalar.c.
  *
- * dot's 64 partial sums (seq64) live in eight ymm registers (lanes 8k..8k+7 in register k), and
- * a matrix output's 16 (seq16) in two; dot_v8 with kern_dot8.inc, and reduce16, are the kern.h
- * trees step by step. Tails are decoded exactly by the scalar decoder and added with blended
+ * An output's 16 partial sums (kern.h's seq16), a dot's or a matrix row's, live in two ymm
+ * registers (lanes 0-7 and 8-15); dot_v8 with kern_dot8.inc, and reduce16, are the kern.h tree
+ * step by step. Tails are decoded exactly by the scalar decoder and added with blended
  * FMAs (lanes past the end are left untouched). 4-bit codes use the nibble lane order
  * of kern.h and 8-entry vpermps tables: INT4 two of them (code bit 3 picks the table),
  * MXFP4 one of magnitudes with code bit 3 as the sign (nib_sel_sm), so -0 and every scale multiply
@@ -42,8 +42,8 @@ INLINE __m256 lane_mask(int c) /* lanes 0..c-1 set, c in 0..8 */
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c), idx));
 }
 
-/* A dot's columns past its last whole 64: nf whole vectors, then one of c lanes (mask m, c = 0 for
- * none). Worked out once per dot_rows call: every row has the same length. */
+/* A dot's columns past its last whole 16: nf whole vectors (0 or 1), then one of c lanes (mask m,
+ * c = 0 for none). Worked out once per dot_rows call: every row has the same length. */
 typedef struct {
     int nf, c;
     __m256 m;
@@ -55,17 +55,15 @@ INLINE dot_tail dot_tail_of(int rem)
     return t;
 }
 
-/* Adds w[0..rem) x[0..rem) (rem < 64, as t gives it) to lanes 0..rem-1 of r, lanes past the end
- * untouched. The last vector is read by a masked load (lanes past the end read as zeros, never
- * touched in memory) and blended in; whole vectors go straight in. The loop is unrolled with
- * constant indices so that r stays in registers: rolled, gcc kept a dot's eight sums on the
- * stack, a store and a reload each per dot (bench/results/engine.md, nineteenth session). (Copying
- * the tail into zeroed stack buffers first cost a rope dot of 32 about 104 cycles: eighteenth
- * session.) */
+/* Adds w[0..rem) x[0..rem) (rem < 16, as t gives it) to lanes 0..rem-1 of r[0..1], lanes past the
+ * end untouched. The last vector is read by a masked load (lanes past the end read as zeros, never
+ * touched in memory) and blended in; a whole vector goes straight in. Unrolled with constant
+ * indices so that r stays in registers (rolled, gcc kept a dot's sums on the stack:
+ * bench/results/engine.md, nineteenth session). */
 INLINE void tail_fma(const float *w, const float *x, dot_tail t, __m256 *r)
 {
     UNROLL
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 2; k++) {
         if (k < t.nf) {
             r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8 * k), _mm256_loadu_ps(x + 8 * k), r[k]);
         } else if (k == t.nf && t.c) {
@@ -76,39 +74,50 @@ INLINE void tail_fma(const float *w, const float *x, dot_tail t, __m256 *r)
     }
 }
 
-/* A dot's 64 partial sums in r[0..7] and the seq64 tree's steps h = 32, 16, 8: the 8 sums that
- * kern_dot8.inc finishes; t is dot_tail_of(n % 64). */
-INLINE __m256 dot_v8t(const float *a, const float *b, int n, dot_tail t)
+/* A dot's 16 partial sums in r[0] (lanes 0-7) and r[1] (8-15), and the tree's step h = 8: the 8
+ * sums that kern_dot8.inc finishes. */
+INLINE __m256 dot_v8(const float *a, const float *b, int n)
 {
-    __m256 r[8];
-    UNROLL
-    for (int k = 0; k < 8; k++)
-        r[k] = _mm256_setzero_ps();
+    __m256 r[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     int i = 0;
-    for (; i + 64 <= n; i += 64)
-        UNROLL
-        for (int k = 0; k < 8; k++)
-            r[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), r[k]);
+    for (; i + 16 <= n; i += 16) {
+        r[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), r[0]);
+        r[1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), r[1]);
+    }
     if (i < n)
-        tail_fma(a + i, b + i, t, r);
-    UNROLL
-    for (int k = 0; k < 4; k++) /* h = 32 */
-        r[k] = _mm256_add_ps(r[k], r[k + 4]);
-    r[0] = _mm256_add_ps(r[0], r[2]); /* h = 16 */
-    r[1] = _mm256_add_ps(r[1], r[3]);
+        tail_fma(a + i, b + i, dot_tail_of(n - i), r);
     return _mm256_add_ps(r[0], r[1]); /* h = 8 */
 }
 
-INLINE __m256 dot_v8(const float *a, const float *b, int n) { return dot_v8t(a, b, n, dot_tail_of(n % 64)); }
-
-/* dot_v8 of a against eight rows of x (ldx apart), one row at a time: a dot's sums take eight
- * of the sixteen ymm already. */
+/* dot_v8 of a against eight rows of x (ldx apart), four rows at a time: eight FMA chains, as many
+ * as two FMA units of four cycles' latency keep busy, and each vector of a loaded once for four
+ * rows. */
 INLINE void dot_v8_run(const float *a, const float *x, size_t ldx, int n, __m256 *v)
 {
-    dot_tail t = dot_tail_of(n % 64);
-    UNROLL
-    for (int j = 0; j < 8; j++)
-        v[j] = dot_v8t(a, x + (size_t)j * ldx, n, t);
+    int i0 = n / 16 * 16;
+    dot_tail t = dot_tail_of(n - i0);
+    for (int j = 0; j < 8; j += 4) {
+        const float *xj = x + (size_t)j * ldx;
+        __m256 r[4][2];
+        UNROLL
+        for (int b = 0; b < 4; b++)
+            r[b][0] = r[b][1] = _mm256_setzero_ps();
+        for (int i = 0; i < i0; i += 16) {
+            __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+            UNROLL
+            for (int b = 0; b < 4; b++) {
+                r[b][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(xj + (size_t)b * ldx + i), r[b][0]);
+                r[b][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(xj + (size_t)b * ldx + i + 8), r[b][1]);
+            }
+        }
+        if (i0 < n)
+            UNROLL
+            for (int b = 0; b < 4; b++)
+                tail_fma(a + i0, xj + (size_t)b * ldx + i0, t, r[b]);
+        UNROLL
+        for (int b = 0; b < 4; b++)
+            v[j + b] = _mm256_add_ps(r[b][0], r[b][1]); /* h = 8 */
+    }
 }
 
 #include "kernels/kern_dot8.inc"

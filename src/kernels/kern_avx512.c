@@ -1,9 +1,9 @@
 /* kern_avx512.c — AVX-512 (F, BW, VL, DQ) kernels, bit-identical to kern_scalar.c.
  *
- * dot's 64 partial sums (seq64) live in four zmm registers z0..z3 (lanes 0-15, 16-31, 32-47,
- * 48-63) and a matrix output's 16 (seq16) in one; dot_v8 with kern_dot8.inc, dot_rows8 (eight
- * dots, their trees transposed from h = 8 on) and reduce16 are the kern.h trees step by step. A
- * dot's tail shorter than 64 is added with masked FMAs, so lanes past the end are left untouched.
+ * An output's 16 partial sums (kern.h's seq16), a dot's or a matrix row's, live in one zmm;
+ * dot_v8 with kern_dot8.inc, dot_rows8 (eight dots, their trees transposed) and reduce16 are the
+ * kern.h tree step by step. A dot's tail shorter than 16 is added with a masked FMA, so lanes past
+ * the end are left untouched.
  *
  * T = 1 (decode) runs fused decode + FMA, four rows at a time (four FMA chains, one activation
  * load for four FMAs), long rows in passes of kern_matmul.inc's span so the activations stay in
@@ -41,96 +41,47 @@ static void tab_init(void)
             mx_tab[s][c] = e2m1_table[c] * e8m0_to_f32((uint8_t)s);
 }
 
-/* The lanes of a dot's four vectors that a tail of rem < 64 columns reaches: all 16, the first
- * rem - 16 k, or none (none past the end) */
-INLINE void tail_masks(int rem, __mmask16 *tm)
-{
-    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-        int c = rem - 16 * k;
-        tm[k] = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
-    }
-}
+/* The lanes of a dot's last vector that a tail of rem < 16 columns reaches (none past the end) */
+INLINE __mmask16 tail_mask(int rem) { return (__mmask16)((1u << rem) - 1); }
 
-/* Adds w[0..rem) x[0..rem) (already decoded and in lane order) to lanes 0..rem-1, tm being
- * tail_masks(rem). */
-INLINE void tail_fma(const float *w, const float *x, const __mmask16 *tm, __m512 *z)
-{
-    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-        __m512 vw = _mm512_maskz_loadu_ps(tm[k], w + 16 * k);
-        __m512 vx = _mm512_maskz_loadu_ps(tm[k], x + 16 * k);
-        z[k] = _mm512_mask3_fmadd_ps(vw, vx, z[k], tm[k]);
-    }
-}
-
-/* The seq64 tree's steps h = 32 and 16 of a dot's 64 partial sums z0..z3: its 16 sums. */
-INLINE __m512 tree_v16(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
-{
-    z0 = _mm512_add_ps(z0, z2); /* h = 32 */
-    z1 = _mm512_add_ps(z1, z3);
-    return _mm512_add_ps(z0, z1); /* h = 16 */
-}
-
-/* tree_v16 and the step h = 8: the 8 sums that kern_dot8.inc finishes. */
-INLINE __m256 tree_v8(__m512 z0, __m512 z1, __m512 z2, __m512 z3)
-{
-    __m512 v = tree_v16(z0, z1, z2, z3);
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); /* h = 8 */
-}
-
-/* A dot's 8 sums after the h = 8 step. */
+/* A dot's 16 partial sums in one zmm, and the tree's step h = 8: the 8 sums that kern_dot8.inc
+ * finishes. The tail goes in by a masked FMA, so lanes past the end are left untouched. */
 INLINE __m256 dot_v8(const float *a, const float *b, int n)
 {
-    __m512 z[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) z[k] = _mm512_setzero_ps();
+    __m512 z = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 64 <= n; i += 64)
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) z[k] =
-            _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), z[k]);
+    for (; i + 16 <= n; i += 16)
+        z = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), z);
     if (i < n) {
-        __mmask16 tm[4];
-        tail_masks(n - i, tm);
-        tail_fma(a + i, b + i, tm, z);
+        __mmask16 m = tail_mask(n - i);
+        z = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), z, m);
     }
-    return tree_v8(z[0], z[1], z[2], z[3]);
+    return _mm256_add_ps(_mm512_castps512_ps256(z), _mm512_extractf32x8_ps(z, 1)); /* h = 8 */
 }
 
-/* Eight dots of a against rows of x (ldx apart), four rows at a time: 16 zmm of sums, each
- * vector of a loaded once for four FMAs, and four independent chains where one dot has two
- * FMAs a sum at a head size of 128 (a dot of 128 in 18 cycles instead of 22-25 on an Intel
- * AVX-512 VM: bench/results/engine.md, seventeenth session). v[j]: dot j's 16 sums after h = 16. */
+/* Eight dots of a against rows of x (ldx apart) at once: eight FMA chains, as many as two FMA
+ * units of four cycles' latency keep busy, each vector of a loaded once for the eight. v[j]: dot
+ * j's 16 sums. */
 INLINE void dot_v16_run(const float *a, const float *x, size_t ldx, int n, __m512 *v)
 {
-    int i0 = n / 64 * 64, rem = n - i0;
-    __mmask16 tm[4]; /* the tail's lanes, once for the eight rows */
-    tail_masks(rem, tm);
-    for (int j = 0; j < 8; j += 4) {
-        __m512 z[4][4];
-        _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
-            z[b][k] = _mm512_setzero_ps();
-        int i = 0;
-        for (; i + 64 <= n; i += 64)
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                __m512 va = _mm512_loadu_ps(a + i + 16 * k);
-                _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) z[b][k] =
-                    _mm512_fmadd_ps(va, _mm512_loadu_ps(x + (size_t)(j + b) * ldx + i + 16 * k), z[b][k]);
-            }
-        /* tail_fma's steps for the four rows, a vector of a loaded once for them; a vector with
-         * no lane left is skipped (masked off, it would leave its sums as they are). MLA's rope
-         * dots of 32: 14.4-15.3 -> 8.6-8.9 cycles a dot (bench/results/engine.md, eighteenth
-         * session) */
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) if (tm[k])
-        {
-            __m512 va = _mm512_maskz_loadu_ps(tm[k], a + i0 + 16 * k);
-            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) z[b][k] = _mm512_mask3_fmadd_ps(
-                va, _mm512_maskz_loadu_ps(tm[k], x + (size_t)(j + b) * ldx + i0 + 16 * k), z[b][k], tm[k]);
-        }
-        _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) v[j + b] = tree_v16(z[b][0], z[b][1], z[b][2], z[b][3]);
+    int i0 = n / 16 * 16;
+    _Pragma("GCC unroll 8") for (int b = 0; b < 8; b++) v[b] = _mm512_setzero_ps();
+    for (int i = 0; i < i0; i += 16) {
+        __m512 va = _mm512_loadu_ps(a + i);
+        _Pragma("GCC unroll 8") for (int b = 0; b < 8; b++) v[b] =
+            _mm512_fmadd_ps(va, _mm512_loadu_ps(x + (size_t)b * ldx + i), v[b]);
+    }
+    if (i0 < n) {
+        __mmask16 m = tail_mask(n - i0);
+        __m512 va = _mm512_maskz_loadu_ps(m, a + i0);
+        _Pragma("GCC unroll 8") for (int b = 0; b < 8; b++) v[b] =
+            _mm512_mask3_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + (size_t)b * ldx + i0), v[b], m);
     }
 }
 
 /* The tree's steps h = 8, 4, 2 and 1 for eight dots at once, v[j] dot j's 16 sums: the vectors
  * are transposed as they are added (kern_dot8.inc's way, in zmm: 26 instructions for the eight
- * where tree_v8's last step and dot8_finish took 38), and every add has the lone dot's two
+ * where eight h = 8 steps and dot8_finish took 38), and every add has the lone dot's two
  * operands, so the bits are its own. */
 INLINE void dot16_finish8(const __m512 *v, float *out)
 {

@@ -1,7 +1,7 @@
 /* kern_neon.c — AArch64 NEON kernels, bit-identical to kern_scalar.c.
  *
- * dot's 64 seq64 partial sums live in sixteen float32x4 registers (lanes 4k..4k+3 in register
- * k), a matrix output's 16 seq16 sums in four. vfmaq_f32 is a fused multiply-add, like fmaf.
+ * An output's 16 seq16 partial sums, a dot's or a matrix row's, live in four float32x4 registers
+ * (lanes 4k..4k+3 in register k). vfmaq_f32 is a fused multiply-add, like fmaf.
  * Rows are decoded exactly with the scalar decoder a block of KERN_KC columns at a time (NEON has
  * no cheap 16-entry float table lookup; the decode is exact either way), put in lane order and
  * reduced against each token in seq16 order, the sums carried from block to block. The GLU
@@ -14,56 +14,6 @@
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
-
-static inline float reduce16(float32x4_t *r)
-{
-    for (int h = 8; h >= 1; h /= 2) /* h = 32, 16, 8, 4 in lanes */
-        for (int k = 0; k < h; k++)
-            r[k] = vaddq_f32(r[k], r[k + h]);
-    float a[4];
-    vst1q_f32(a, r[0]);
-    float b0 = a[0] + a[2], b1 = a[1] + a[3]; /* h = 2 */
-    return b0 + b1;                           /* h = 1 */
-}
-
-static inline void block_fma(const float *w, const float *x, int cnt, float32x4_t *r)
-{
-    if (cnt == 64) {
-        for (int k = 0; k < 16; k++)
-            r[k] = vfmaq_f32(r[k], vld1q_f32(w + 4 * k), vld1q_f32(x + 4 * k));
-        return;
-    }
-    float tw[64] = {0}, tx[64] = {0};
-    memcpy(tw, w, (size_t)cnt * 4);
-    memcpy(tx, x, (size_t)cnt * 4);
-    for (int k = 0; k < 16 && cnt > 4 * k; k++) {
-        float32x4_t f = vfmaq_f32(r[k], vld1q_f32(tw + 4 * k), vld1q_f32(tx + 4 * k));
-        int c = cnt - 4 * k;
-        if (c >= 4) {
-            r[k] = f;
-        } else {
-            const uint32_t li[4] = {0, 1, 2, 3};
-            uint32x4_t m = vcltq_u32(vld1q_u32(li), vdupq_n_u32((uint32_t)c));
-            r[k] = vbslq_f32(m, f, r[k]);
-        }
-    }
-}
-
-static float neon_dot(const float *a, const float *b, int n)
-{
-    float32x4_t r[16];
-    for (int k = 0; k < 16; k++)
-        r[k] = vdupq_n_f32(0.0f);
-    for (int i = 0; i < n; i += 64)
-        block_fma(a + i, b + i, n - i < 64 ? n - i : 64, r);
-    return reduce16(r);
-}
-
-static void neon_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
-{
-    for (int s = 0; s < rows; s++)
-        out[s] = neon_dot(a, x + (size_t)s * ldx, n);
-}
 
 static void neon_decode_rows(const kmat *w, int r0, int r1, float *out)
 {
@@ -116,6 +66,20 @@ static float sums16_reduce(const float *s)
     float c[4];
     vst1q_f32(c, vaddq_f32(a, b));
     return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* A dot is a plain row's product (kern.h): the matmul's own sums and tree. */
+static float neon_dot(const float *a, const float *b, int n)
+{
+    float s[16] = {0};
+    sums16_add(s, a, b, n);
+    return sums16_reduce(s);
+}
+
+static void neon_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)
+{
+    for (int s = 0; s < rows; s++)
+        out[s] = neon_dot(a, x + (size_t)s * ldx, n);
 }
 
 /* scratch: the group's lane-ordered activations (kern_scratch_xfloats), a decoded block and its

@@ -1,18 +1,10 @@
-/* kern_scalar.c — the reference kernels: the seq16 and seq64 orders of kern.h written out literally.
+/* kern_scalar.c — the reference kernels: kern.h's seq16 order written out literally.
  * Compiled without any SIMD flags and with -ffp-contract=off, so fmaf() is the only fused
  * operation and every other + and * rounds on its own, as the contract says. */
 #include <math.h>
 
 #include "kernels/kern.h"
 #include "kernels/kmath.h"
-
-float kern_seq64_reduce(float acc[64])
-{
-    for (int h = 32; h >= 1; h /= 2)
-        for (int j = 0; j < h; j++)
-            acc[j] = acc[j] + acc[j + h];
-    return acc[0];
-}
 
 float kern_seq16_reduce(float acc[16])
 {
@@ -24,10 +16,10 @@ float kern_seq16_reduce(float acc[16])
 
 static float scalar_dot(const float *a, const float *b, int n)
 {
-    float acc[64] = {0};
+    float acc[16] = {0};
     for (int i = 0; i < n; i++)
-        acc[i & 63] = fmaf(a[i], b[i], acc[i & 63]);
-    return kern_seq64_reduce(acc);
+        acc[i & 15] = fmaf(a[i], b[i], acc[i & 15]);
+    return kern_seq16_reduce(acc);
 }
 
 static void scalar_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out)

@@ -1,7 +1,7 @@
 /* cuda_blk.cu — see cuda_blk.h. Built with cuda_kern.cu's flags (-fmad=false, IEEE division and
  * square root), so each expression rounds as the CPU's C does.
  *
- * A seq64 dot (a norm's sum of squares, an attention score) is one warp (cuda_warp.cuh). Sequential
+ * A dot (a norm's sum of squares, an attention score) is one half-warp (cuda_warp.cuh). Sequential
  * loops of the CPU code (a softmax's max and its sum over keys in order) run in one thread, in the
  * same order. At decode these kernels are a few blocks each, so a thread that waits on one read at
  * a time costs a memory latency per element: each reads a batch of elements before it uses any
@@ -36,10 +36,10 @@ __device__ float block_sum_in_order(const float *v, int n, float *red)
     return sum;
 }
 
-/* One block per row: warp 0's seq64 sum of squares, then every thread's share of the row (y may be
+/* One block per row: a half-warp's sum of squares, then every thread's share of the row (y may be
  * x: a thread writes only elements it has read). A row of at most RMS_HOLD elements a thread (K3's
- * 7168 at 256 threads, every head's norm) is read into registers by every thread while warp 0 makes
- * the sum, its reads RMS_SQ a lane at a time (warp_sq64). Longer rows take RMS_BATCH elements a
+ * 7168 at 256 threads, every head's norm) is read into registers by every thread while a half-warp
+ * makes the sum, its reads RMS_SQ a lane at a time (half_dot16). Longer rows take RMS_BATCH elements a
  * thread per round after the sum. One warp writing the whole row one element at a time took 38-46
  * us at 3584 (the compiler cannot hoist a read above a write that may alias it); reads of eight at
  * a time after a sum reading eight at a time, 7.3 us; this, 5.0 us (bench/results/cuda.md). */
@@ -61,9 +61,8 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
             yt[i] = w ? xv * r * wv : xv * r;
     };
     auto scale = [&] { /* 1 / RMS, for every thread */
-        if (threadIdx.x < 32) {
-            float ss;
-            warp_sq64<RMS_SQ, false>(xt, nullptr, n, &ss, nullptr);
+        if (threadIdx.x < 16) {
+            float ss = half_dot16<RMS_SQ, true>(xt, xt, n);
             if (threadIdx.x == 0)
                 rs = 1.0f / sqrtf(ss / (float)n + eps);
         }
@@ -159,7 +158,7 @@ extern "C" void cudab_gqa_store(float *const *chunks, int pos0, int T, const flo
         k_gqa_store<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(chunks, pos0, T, k, v, nkv, hd);
 }
 
-/* One block per (query t, head h), as blk_gqa.c's gqa_heads: scores (one warp per key), the scale,
+/* One block per (query t, head h), as blk_gqa.c's gqa_heads: scores (one half-warp per key), the scale,
  * the max and the sum in key order by one thread, the exponentials and divisions element by
  * element, then each output element's weighted sum over the value rows in order. */
 __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int nh, int nkv, int hd, float scale,
@@ -170,10 +169,10 @@ __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int
     size_t W = 2 * (size_t)nkv * hd;
     const float *qh = q + ((size_t)t * nh + h) * hd;
     float *s = sc + (size_t)blockIdx.x * (size_t)(gridDim.x / nh + pos0);
-    int warps = blockDim.x / 32, wi = threadIdx.x / 32;
-    for (int k = wi; k < n; k += warps) {
-        float d = warp_dot64(qh, chunks[k / KV_CHUNK] + (size_t)(k % KV_CHUNK) * W + (size_t)kvh * hd, hd);
-        if ((threadIdx.x & 31) == 0)
+    int halves = blockDim.x / 16, hi = threadIdx.x / 16;
+    for (int k = hi; k < n; k += halves) {
+        float d = half_dot16(qh, chunks[k / KV_CHUNK] + (size_t)(k % KV_CHUNK) * W + (size_t)kvh * hd, hd);
+        if ((threadIdx.x & 15) == 0)
             s[k] = d;
     }
     __syncthreads();
@@ -369,7 +368,7 @@ struct mix_src {
 };
 
 /* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source,
- * its reads MIX_SQ at a time: warp_sq64), the softmax by one thread in source order, then each
+ * a half-warp each for its sum of squares and its score, reads MIX_SQ at a time: half_dot16), the softmax by one thread in source order, then each
  * element's weighted sum in source order, a thread's MIX_BATCH elements of four sources read before
  * it adds any. The block first asks the L2 for every source row (they were written layers ago, and
  * a MoE layer's experts have since passed through the cache), so that the dots' reads wait on the
@@ -385,8 +384,8 @@ __global__ void __launch_bounds__(MIX_THREADS) k_attnres_mix(mix_src src, int n,
         asm volatile("prefetch.global.L2 [%0];" ::"l"(src.p[e / lines] + t * H + (size_t)(e % lines) * 32));
     for (int j = wi; j < n; j += warps) {
         const float *v = src.p[j] + t * H;
-        float ss, d;
-        warp_sq64<MIX_SQ, true>(v, u, H, &ss, &d);
+        float hv = threadIdx.x & 16 ? half_dot16<MIX_SQ>(v, u, H) : half_dot16<MIX_SQ, true>(v, v, H);
+        float ss = __shfl_sync(0xFFFFFFFFu, hv, 0), d = __shfl_sync(0xFFFFFFFFu, hv, 16);
         float r = 1.0f / sqrtf(ss / (float)H + eps);
         if ((threadIdx.x & 31) == 0)
             s[j] = d * r;
@@ -456,9 +455,10 @@ extern "C" void cudab_cache_store(float *const *chunks, int pos0, int T, const f
 enum { MLA_MAX_R = 1024 };
 
 /* One block per (query t, head h), blk_mla_query's steps in its order: qa = the axpys of Wk's rows
- * weighted by q_nope; each key's score as a seq64 dot over the latent plus one over the rope part
- * (one warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
- * latent rows weighted by score / sum; then each output as a seq64 dot of a Wv row with ol. A
+ * weighted by q_nope; each key's score as a dot over the latent plus one over the rope part
+ * (one half-warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
+ * latent rows weighted by score / sum; then each output as a dot of a Wv row with ol (a half-warp
+ * each). A
  * thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
  * heads alone leave most SMs empty, a block has MLA_WIDE threads, four times the warps to share
  * the keys and outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(MLA_WIDE)
     __shared__ float qa[MLA_MAX_R], ol[MLA_MAX_R];
     __shared__ float red[2];
     int t = blockIdx.x / nh, h = blockIdx.x % nh, n = pos0 + t + 1, W = r + rope;
-    int warps = blockDim.x / 32, wi = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int halves = blockDim.x / 16, hi = threadIdx.x / 16, lane = threadIdx.x & 15;
     const float *qh = q + ((size_t)t * nh + h) * (nope + rope);
     const float *wk = wkv + (size_t)h * (nope + vd) * r, *wv = wk + (size_t)nope * r;
     float *s = sc + (size_t)blockIdx.x * (size_t)(gridDim.x / nh + pos0);
@@ -482,11 +482,11 @@ __global__ void __launch_bounds__(MLA_WIDE)
         qa[i] = a;
     }
     __syncthreads();
-    for (int k = wi; k < n; k += warps) {
+    for (int k = hi; k < n; k += halves) {
         const float *cs = chunks[k / KV_CHUNK] + (size_t)(k % KV_CHUNK) * W;
-        float v = warp_dot64(qa, cs, r);
+        float v = half_dot16(qa, cs, r);
         if (rope)
-            v = v + warp_dot64(qh + nope, cs + r, rope);
+            v = v + half_dot16(qh + nope, cs + r, rope);
         if (lane == 0)
             s[k] = v * scale;
     }
@@ -512,14 +512,10 @@ __global__ void __launch_bounds__(MLA_WIDE)
     }
     __syncthreads();
     float *oh = o + ((size_t)t * nh + h) * vd;
-    for (int e = 2 * wi; e < vd; e += 2 * warps) { /* two outputs a warp at once (their reads overlap) */
-        float v, v2;
-        warp_dot64_2(ol, wv + (size_t)e * r, wv + (size_t)(e + 1 < vd ? e + 1 : e) * r, r, &v, &v2);
-        if (lane == 0) {
+    for (int e = hi; e < vd; e += halves) {
+        float v = half_dot16(ol, wv + (size_t)e * r, r);
+        if (lane == 0)
             oh[e] = v;
-            if (e + 1 < vd)
-                oh[e + 1] = v2;
-        }
     }
 }
 

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-/* blk_rmsnorm: y[t] = x[t] * (1 / sqrt(seq64 dot(x[t], x[t]) / n + eps)) * w for the first n
+/* blk_rmsnorm: y[t] = x[t] * (1 / sqrt(dot(x[t], x[t]) / n + eps)) * w for the first n
  * floats of rows ld apart (x's and y's); y may be x; w NULL: no weight */
 void cudab_rmsnorm(const float *x, const float *w, int T, int n, size_t ld, float eps, float *y, void *stream);
 /* y[j] = y[j] + a[j] */

@@ -916,15 +916,15 @@ extern "C" void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, voi
 
 /* ---- vectors ---- */
 
-/* one warp per row (cuda_warp.cuh's seq64 dot) */
+/* one half-warp per row (cuda_warp.cuh's dot) */
 __global__ void k_dot_rows(const float *__restrict__ a, const float *__restrict__ x, size_t ldx, int rows, int n,
                            float *__restrict__ out)
 {
-    int s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int s = blockIdx.x * (blockDim.x / 16) + threadIdx.x / 16;
     if (s >= rows)
         return;
-    float v = warp_dot64(a, x + (size_t)s * ldx, n);
-    if ((threadIdx.x & 31) == 0)
+    float v = half_dot16(a, x + (size_t)s * ldx, n);
+    if ((threadIdx.x & 15) == 0)
         out[s] = v;
 }
 
@@ -932,7 +932,7 @@ extern "C" void cudak_dot_rows(const float *a, const float *x, size_t ldx, int r
 {
     if (rows <= 0)
         return;
-    k_dot_rows<<<(unsigned)((rows + 7) / 8), 256, 0, (cudaStream_t)stream>>>(a, x, ldx, rows, n, out);
+    k_dot_rows<<<(unsigned)((rows + 15) / 16), 256, 0, (cudaStream_t)stream>>>(a, x, ldx, rows, n, out);
 }
 
 __global__ void k_axpy_rows(float *y, const float *__restrict__ x, size_t ldx, const float *__restrict__ a, int n,

@@ -1,8 +1,8 @@
 /* cuda_kern.h — kern.h's operations on the GPU, over device memory, in kern.h's reduction orders.
  *
  * Every function here computes exactly what the kern_ops entry of the same name computes on the
- * CPU, bit for bit: matmul reduces each output in seq16 (the format's lane order), dot_rows in
- * seq64, and the element-wise operations (axpy, kda_step, glu, exp_sub) are kmath.h's and kern.h's
+ * CPU, bit for bit: matmul and dot_rows reduce each output in seq16 (a matrix row in its format's
+ * lane order), and the element-wise operations (axpy, kda_step, glu, exp_sub) are kmath.h's and kern.h's
  * formulas compiled for the device with -fmad=false, so that only explicit fmaf() fuses, as on the
  * CPU (tests/cuda/test_cuda.c compares every one with the scalar table with memcmp).
  *
@@ -42,7 +42,7 @@ enum { CUDAK_SET = 32 }; /* the products one launch of cudak_matmul_set takes at
 void cudak_matmul_set(const cudak_mm *m, int n, void *stream);
 /* out[(r - r0) * cols + i] = W[r][i], the exact decode. */
 void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, void *stream);
-/* out[s] = seq64 dot(a, x + s * ldx, n) for s < rows. */
+/* out[s] = dot(a, x + s * ldx, n) for s < rows. */
 void cudak_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out, void *stream);
 /* y[i] = fma(a[s], x[s * ldx + i], y[i]) for s = 0 .. n - 1 in turn, i < len (a: n device floats). */
 void cudak_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len, void *stream);
