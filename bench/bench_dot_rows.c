@@ -1,9 +1,10 @@
-/* bench_dot_rows.c — attention's scores: kern_ops.dot_rows, one query against runs of 8 cached
- * rows in L1, as GQA and MLA call it (MLA's latent and rope parts are dots of 64 and 32 at a row
- * stride of 96 floats in the bundled model; Qwen3's keys are 128 at a stride of 2048). Prints ns a
+/* bench_dot_rows.c — kern_ops.dot_rows, one query against runs of 8 cached rows in L1, as GQA
+ * and MLA took their scores until the twentieth session (they now take them as matmuls; DSpark's
+ * lone queries still call dot_rows). MLA's latent and rope parts are dots of 64 and 32 at a row
+ * stride of 96 floats in the bundled model; Qwen3's keys are 128 at a stride of 2048. Prints ns a
  * dot and the ratio to the FMA peak this same run measures on one thread: a dot of n takes
  * n / 16 zmm FMAs (n / 8 ymm on AVX2), so the ratio says how much of a dot's time its FMAs are;
- * the rest is kern.h's seq64 tree and the loads. Best of many repetitions, alternated with the
+ * the rest is kern.h's tree and the loads. Best of many repetitions, alternated with the
  * peak loop. usage: bench_dot_rows [--kernels auto|scalar|avx2|avx512] [--reps R]
  * Timing only; never part of a pass/fail test.
  */

@@ -72,7 +72,7 @@ size_t pass_thread_floats(const model *m, int context)
     const hparams *hp = &m->hp;
     size_t need = kern_scratch_floats(m->max_cols);
     size_t mla = blk_mla_scratch_floats(hp, context);
-    size_t kda = 5 * (size_t)hp->kda_dim, gqa = blk_att_score_floats(context);
+    size_t kda = 5 * (size_t)hp->kda_dim, gqa = blk_gqa_scratch_floats(hp, context);
     if (mla > need)
         need = mla;
     if (kda > need)

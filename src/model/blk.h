@@ -138,9 +138,10 @@ int blk_mla(const blk *b, const mla_w *w, layer_state *st, int pos0, const float
  * keep their scores (a float per position, each row padded to 16) within BLK_ATT_SCORES floats.
  * blk_att_score_floats bounds the scores' floats for any n <= context. No bit depends on these. */
 enum { BLK_ATT_ROWS = 16, BLK_ATT_SCORES = 1 << 21 };
-/* Cached rows an item reads for all its rows before moving on: cache rows are KBs apart (GQA's
- * share L1 sets; K3's latent rows are 2.3 KB), and eight of them stay in L1 across the item's
- * rows. It divides BLK_KV_CHUNK, so a run never crosses a cache chunk. */
+/* Cached rows an item's weighted sums read for all its rows before moving on: cache rows are KBs
+ * apart (GQA's share L1 sets; K3's latent rows are 2.3 KB), and eight of them stay in L1 across
+ * the item's rows. It divides BLK_KV_CHUNK, so a run never crosses a cache chunk. (The scores are
+ * matmuls over a whole chunk, whose tiles keep their own rows in L1.) */
 enum { BLK_ATT_KEYS = 8 };
 _Static_assert(BLK_KV_CHUNK % BLK_ATT_KEYS == 0, "a run of cached rows stays in one cache chunk");
 static inline int blk_att_rows(int n)
@@ -161,8 +162,10 @@ static inline int blk_att_item_rows(int rows, int n)
     rows = rows < cap ? rows : cap;
     return rows < 1 ? 1 : rows;
 }
-/* The per-thread scratch floats MLA's work items take at a context of `context` positions. */
+/* The per-thread scratch floats MLA's and GQA's work items take at a context of `context`
+ * positions (their scores, their matmuls' kern_scratch_floats, their rows' vectors). */
 size_t blk_mla_scratch_floats(const hparams *hp, int context);
+size_t blk_gqa_scratch_floats(const hparams *hp, int context);
 /* One head's absorbed MLA attention for one query (blk_mla.c): qh [nope + rope]; wk [nope][r] and
  * wv [v_head][r], the head's rows of kv_b_proj decoded; the n latent rows [r + rope] row(ud, s),
  * visited in order s = 0 .. n-1; out oh [v_head]. scratch: [2 r + n] floats. */

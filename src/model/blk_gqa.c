@@ -18,7 +18,16 @@ struct gqa_job {
 /* Work item i: key head i / per, and up to j->rows of its (token, head) query rows, row rho =
  * token rho / group, head kvh * group + rho % group, in order of tokens. Every row's
  * scores, softmax and weighted sum of values are those of the row alone (keys in position
- * order, kern.h's dot and axpy), whichever rows share its item. */
+ * order, kern.h's dot and axpy), whichever rows share its item. A dot is an F32 matrix row's
+ * product (kern.h), so the scores are a matmul of a cache chunk's keys against the item's
+ * queries, in register tiles of several keys times several rows; a row's scores past its own
+ * position are computed and never read. */
+size_t blk_gqa_scratch_floats(const hparams *hp, int context)
+{
+    return kern_scratch_floats((size_t)hp->head_dim) + (size_t)BLK_ATT_ROWS * hp->head_dim +
+           blk_att_score_floats(context);
+}
+
 static void gqa_rows(void *ctx, int i0, int i1, int tid)
 {
     struct gqa_job *j = ctx;
@@ -26,27 +35,27 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
     const kern_ops *k = j->b->k;
     int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, group = nh / nkv;
     size_t W = 2 * (size_t)nkv * hd;
-    float *sc = pool_scratch(j->b->pool, tid);
+    float *mm = pool_scratch(j->b->pool, tid);            /* the matmul's (kern.h) */
+    float *qr = mm + kern_scratch_floats((size_t)hd);     /* [R][hd] the rows' queries */
+    float *sc = qr + (size_t)BLK_ATT_ROWS * hd;           /* [R][ld] */
     for (int i = i0; i < i1; i++) {
         int kvh = i / j->per, r0 = i % j->per * j->rows, r1 = r0 + j->rows;
         r1 = r1 < group * j->T ? r1 : group * j->T;
         int R = r1 - r0, nmax = j->pos0 + (r1 - 1) / group + 1, n[BLK_ATT_ROWS];
         size_t ld = ((size_t)nmax + 15) / 16 * 16;
-        const float *q[BLK_ATT_ROWS];
         float *o[BLK_ATT_ROWS];
         for (int r = 0; r < R; r++) {
             int t = (r0 + r) / group, h = kvh * group + (r0 + r) % group;
             n[r] = j->pos0 + t + 1;
-            q[r] = j->q + ((size_t)t * nh + h) * hd;
+            memcpy(qr + (size_t)r * hd, j->q + ((size_t)t * nh + h) * hd, sizeof(float) * (size_t)hd);
             o[r] = j->o + ((size_t)t * nh + h) * hd;
         }
-        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
-            const float *kr = blk_kv_row(j->st, s0, W) + (size_t)kvh * hd;
-            for (int r = 0; r < R; r++) {
-                int m = n[r] - s0 < BLK_ATT_KEYS ? n[r] - s0 : BLK_ATT_KEYS;
-                if (m > 0)
-                    k->dot_rows(q[r], kr, W, m, hd, sc + (size_t)r * ld + s0);
-            }
+        for (int s0 = 0; s0 < nmax; s0 += BLK_KV_CHUNK) { /* a chunk's rows are W floats apart */
+            int m = nmax - s0 < BLK_KV_CHUNK ? nmax - s0 : BLK_KV_CHUNK;
+            kmat keys = {.fmt = WF_F32, .rows = m, .cols = hd,
+                         .data = (const uint8_t *)(blk_kv_row(j->st, s0, W) + (size_t)kvh * hd),
+                         .row_bytes = W * sizeof(float)};
+            k->matmul(&keys, 0, m, qr, (size_t)hd, R, sc + s0, ld, mm);
         }
         k->softmax_rows(sc, ld, n, R, hp->attn_scale);
         for (int r = 0; r < R; r++)

@@ -51,19 +51,23 @@ struct mla_job {
     int tb, hb, tper; /* an item's tokens and heads (at most), token blocks per block of heads */
 };
 
-_Static_assert(BLK_ATT_KEYS <= 16, "a run's rope parts fit mla_rows' 16 floats of pe");
-
 size_t blk_mla_scratch_floats(const hparams *hp, int context)
 {
     size_t r = (size_t)hp->kv_lora_rank, wide = (size_t)(hp->qk_nope > hp->v_head ? hp->qk_nope : hp->v_head);
-    return wide * r + 2 * (size_t)BLK_ATT_ROWS * r + 16 + blk_att_score_floats(context);
+    size_t R = BLK_ATT_ROWS, rope = (size_t)hp->qk_rope;
+    return kern_scratch_floats(r > rope ? r : rope) + wide * r + 2 * R * r + R * rope + R * BLK_KV_CHUNK +
+           blk_att_score_floats(context);
 }
 
 /* Work item i: heads [h0, h1) x tokens [t0, t1), every query row of which is blk_mla_query's
- * steps in its order (qa, the scores, the softmax, ol, o), with the steps over the cache taken a
- * run of BLK_ATT_KEYS rows at a time for all the item's rows: all heads read the same latent rows,
- * and so do a head's tokens. Row rho is head h0 + rho / nt, token t0 + rho % nt, so one decode of
- * a head's Wk (then its Wv) serves its tokens. */
+ * steps in its order (qa, the scores, the softmax, ol, o), with the steps over the cache taken for
+ * all the item's rows at once: all heads read the same latent rows, and so do a head's tokens. Row
+ * rho is head h0 + rho / nt, token t0 + rho % nt, so one decode of a head's Wk (then its Wv)
+ * serves its tokens. A dot is an F32 matrix row's product (kern.h), so the scores are matmuls of
+ * a cache chunk's rows (latent, then rope parts) against the rows' qa (then q_pe), and o is one of
+ * the head's Wv against its rows' ol: register tiles of several keys times several rows, where a
+ * dot at a time reloaded the query for every key. A row's scores past its own position are
+ * computed and never read. The weighted sums go a run of BLK_ATT_KEYS rows at a time. */
 static void mla_rows(void *ctx, int i0, int i1, int tid)
 {
     struct mla_job *j = ctx;
@@ -71,11 +75,13 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
     const kern_ops *k = j->b->k;
     int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
     size_t W = (size_t)r + rope, qd = (size_t)nope + rope;
-    float *wkv = pool_scratch(j->b->pool, tid);                     /* a head's Wk [nope][r], then Wv [vd][r] */
-    float *qa = wkv + (size_t)(nope > vd ? nope : vd) * r;         /* [R][r] */
-    float *ol = qa + (size_t)BLK_ATT_ROWS * r;                     /* [R][r] */
-    float *pe = ol + (size_t)BLK_ATT_ROWS * r;                     /* [BLK_ATT_KEYS] a run's rope parts */
-    float *sc = pe + 16;                                           /* [R][ld] */
+    float *mm = pool_scratch(j->b->pool, tid);                  /* the matmuls' (kern.h) */
+    float *wkv = mm + kern_scratch_floats((size_t)(r > rope ? r : rope)); /* a head's Wk [nope][r], then Wv [vd][r] */
+    float *qa = wkv + (size_t)(nope > vd ? nope : vd) * r;      /* [R][r] */
+    float *ol = qa + (size_t)BLK_ATT_ROWS * r;                  /* [R][r] */
+    float *qp = ol + (size_t)BLK_ATT_ROWS * r;                  /* [R][rope] the rows' q_pe */
+    float *pe = qp + (size_t)BLK_ATT_ROWS * rope;               /* [R][BLK_KV_CHUNK] a chunk's rope scores */
+    float *sc = pe + (size_t)BLK_ATT_ROWS * BLK_KV_CHUNK;       /* [R][ld] */
     for (int i = i0; i < i1; i++) {
         int h0 = i / j->tper * j->hb, t0 = i % j->tper * j->tb;
         int h1 = h0 + j->hb < nh ? h0 + j->hb : nh, t1 = t0 + j->tb < j->T ? t0 + j->tb : j->T;
@@ -93,21 +99,22 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
                 k->axpy_rows(a, wkv, (size_t)r, qh, nope, r); /* the nope axpys in turn */
             }
         }
-        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
+        for (int rho = 0; rho < R && rope; rho++)
+            memcpy(qp + (size_t)rho * rope, j->q + ((size_t)(t0 + rho % nt) * nh + h0 + rho / nt) * qd + nope,
+                   sizeof(float) * (size_t)rope);
+        for (int s0 = 0; s0 < nmax; s0 += BLK_KV_CHUNK) { /* a chunk's rows are W floats apart */
+            int m = nmax - s0 < BLK_KV_CHUNK ? nmax - s0 : BLK_KV_CHUNK;
             const float *c = blk_kv_row(j->st, s0, W);
-            for (int rho = 0; rho < R; rho++) {
-                int t = t0 + rho % nt, m = j->pos0 + t + 1 - s0;
-                m = m < BLK_ATT_KEYS ? m : BLK_ATT_KEYS;
-                if (m <= 0)
-                    continue;
-                float *sr = sc + (size_t)rho * ld + s0;
-                k->dot_rows(qa + (size_t)rho * r, c, W, m, r, sr);
-                if (rope) {
-                    const float *qpe = j->q + ((size_t)t * nh + h0 + rho / nt) * qd + nope;
-                    k->dot_rows(qpe, c + r, W, m, rope, pe);
+            kmat lat = {.fmt = WF_F32, .rows = m, .cols = r, .data = (const uint8_t *)c, .row_bytes = W * sizeof(float)};
+            k->matmul(&lat, 0, m, qa, (size_t)r, R, sc + s0, ld, mm);
+            if (rope) {
+                kmat kpe = lat;
+                kpe.cols = rope;
+                kpe.data = (const uint8_t *)(c + r);
+                k->matmul(&kpe, 0, m, qp, (size_t)rope, R, pe, BLK_KV_CHUNK, mm);
+                for (int rho = 0; rho < R; rho++)
                     for (int s = 0; s < m; s++)
-                        sr[s] += pe[s];
-                }
+                        sc[(size_t)rho * ld + s0 + s] += pe[(size_t)rho * BLK_KV_CHUNK + s];
             }
         }
         int n[BLK_ATT_ROWS];
@@ -130,11 +137,10 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
         for (int h = h0; h < h1; h++) {
             int row = h * (nope + vd);
             k->decode_rows(&j->w->kv_b, row + nope, row + nope + vd, wkv);
-            for (int t = t0; t < t1; t++) {
-                const float *o = ol + (size_t)((h - h0) * nt + t - t0) * r;
-                float *oh = j->o + ((size_t)t * nh + h) * vd;
-                k->dot_rows(o, wkv, (size_t)r, vd, r, oh); /* the vd dots */
-            }
+            kmat wv;
+            kmat_init(&wv, WF_F32, vd, r, wkv, NULL);
+            k->matmul(&wv, 0, vd, ol + (size_t)(h - h0) * nt * r, (size_t)r, nt, j->o + ((size_t)t0 * nh + h) * vd,
+                      (size_t)nh * vd, mm); /* the vd dots of each token */
         }
     }
 }
