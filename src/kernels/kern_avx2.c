@@ -189,6 +189,17 @@ INLINE float reduce16(const __m256 *r)
     return _mm_cvtss_f32(d);
 }
 
+/* reduce16 of eight outputs at once, r[2j] and r[2j + 1] output j's, into out[0..7]: the step
+ * h = 8, then kern_dot8.inc's transposed finish, the same adds */
+INLINE void reduce16_x8(const __m256 *r, float *out)
+{
+    __m256 v[8];
+    UNROLL
+    for (int j = 0; j < 8; j++)
+        v[j] = _mm256_add_ps(r[2 * j], r[2 * j + 1]);
+    dot8_finish(v, out);
+}
+
 /* ---- 4-bit formats in nibble lane order ---- */
 
 /* a 32-column group's even columns, then its odd ones: shufps picks evens (or odds) of two

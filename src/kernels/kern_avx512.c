@@ -177,6 +177,10 @@ INLINE float reduce16(const __m512 *z)
     return _mm_cvtss_f32(d);
 }
 
+/* reduce16 of eight outputs at once, z[j] output j's sums, into out[0..7]: dot_rows' transposed
+ * finish, the same adds */
+INLINE void reduce16_x8(const __m512 *z, float *out) { dot16_finish8(z, out); }
+
 /* ---- 4-bit formats in nibble lane order ---- */
 
 /* xp = x with every 32-column group reordered to [even columns, odd columns] */
