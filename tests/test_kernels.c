@@ -269,6 +269,44 @@ void kern_test_matches_scalar(const kern_ops *k)
             }
         }
     }
+    /* F32 rows further apart than they are long, as attention's keys are (a cache row holds every
+     * head's keys and values): 37 rows (four groups of eight for dot_rows, and five lone rows),
+     * lengths and token counts on both sides of each ISA_DOTS bound, and a range that starts
+     * inside the matrix */
+    {
+        static const int kn[] = {16, 32, 48, 64, 96, 128, 160}, kt[] = {1, 2, 3, 6, 7, 12, 16};
+        enum { KR = 37, KLD = 203, KT = 16, KN = 160 };
+        rng kr;
+        rng_seed(&kr, 9);
+        float *keys = malloc(sizeof(float) * KR * KLD), *q = malloc(sizeof(float) * KT * KN);
+        float *ya = malloc(sizeof(float) * KT * KR), *yb = malloc(sizeof(float) * KT * KR);
+        float *scratch = aligned_alloc(64, (kern_scratch_floats(KN) * 4 + 63) / 64 * 64);
+        CHECK(keys && q && ya && yb && scratch);
+        for (int i = 0; i < KR * KLD; i++)
+            keys[i] = (float)rng_normal(&kr);
+        for (int i = 0; i < KT * KN; i++)
+            q[i] = (float)rng_normal(&kr);
+        int bad_n = 0, bad_t = 0;
+        for (size_t ni = 0; ni < sizeof kn / sizeof kn[0] && !bad_n; ni++)
+            for (size_t ti = 0; ti < sizeof kt / sizeof kt[0] && !bad_n; ti++) {
+                kmat m = {.fmt = WF_F32, .rows = KR, .cols = kn[ni], .data = (const uint8_t *)keys,
+                          .row_bytes = KLD * sizeof(float)};
+                kern_scalar.matmul(&m, 0, KR, q, (size_t)kn[ni], kt[ti], ya, KR, scratch);
+                k->matmul(&m, 0, KR, q, (size_t)kn[ni], kt[ti], yb, KR, scratch);
+                int same = memcmp(ya, yb, sizeof(float) * (size_t)kt[ti] * KR) == 0;
+                k->matmul(&m, 5, KR, q, (size_t)kn[ni], kt[ti], yb, KR, scratch);
+                for (int t = 0; t < kt[ti]; t++)
+                    same &= memcmp(ya + t * KR + 5, yb + t * KR, sizeof(float) * (KR - 5)) == 0;
+                if (!same)
+                    bad_n = kn[ni], bad_t = kt[ti];
+            }
+        free(keys);
+        free(q);
+        free(ya);
+        free(yb);
+        free(scratch);
+        CHECKF(!bad_n, "%s f32 rows %d apart, cols %d T %d differ from scalar", k->name, KLD, bad_n, bad_t);
+    }
     /* dot products of odd lengths */
     rng r;
     rng_seed(&r, 7);

@@ -40,11 +40,11 @@ static void dget(void *h, void *d, size_t n)
     cudaFree(d);
 }
 
-/* the device copy of a host matrix view (rows of data, and its scales) */
+/* the device copy of a host matrix view (rows of data row_bytes apart, and its scales) */
 static kmat dmat(const kmat *w)
 {
     kmat d = *w;
-    d.data = dput(w->data, wfmt_data_bytes(w->fmt, w->rows, w->cols));
+    d.data = dput(w->data, (size_t)(w->rows - 1) * w->row_bytes + wfmt_data_bytes(w->fmt, 1, w->cols));
     size_t sb = wfmt_scale_bytes(w->fmt, w->rows, w->cols);
     d.scale = sb ? dput(w->scale, sb) : NULL;
     return d;
