@@ -63,7 +63,8 @@ size_t pass_floats(const model *m, int T)
     /* router scores, the expert union and counting-sort starts, the lookahead's choices; the
      * last term covers each allocation's alignment */
     size_t E = (size_t)hp->n_experts, moe_fixed = has_moe ? 4 * E + 2 + 2 * (size_t)hp->top_k : 0;
-    size_t fixed = moe_fixed + (size_t)hp->conv_k + (size_t)(hp->rope_dim + hp->head_dim) + 64 * 48;
+    size_t kda_fixed = has_kda ? blk_kda_conv_floats(hp->conv_k, (int)P) : 0;
+    size_t fixed = moe_fixed + kda_fixed + (size_t)(hp->rope_dim + hp->head_dim) + 64 * 48;
     return per * (size_t)T + fixed + (size_t)T * 64;
 }
 

@@ -16,28 +16,43 @@
 
 #include "model/blk.h"
 
-/* Causal depthwise conv + SiLU over T positions for one of q/k/v, in place in u[T][P].
- * win_in holds the last K-1 raw inputs (oldest first); the window after the T positions is
- * written to win_out (which may be win_in). */
-static void short_conv(const float *wt, int K, int P, const float *win_in, float *win_out, float *u, int T,
-                       float *tmp)
+/* Causal depthwise conv + SiLU over T positions for one of q/k/v, in place in u[T][P]. For each
+ * position t and channel c: acc = 0, then acc = acc + w[c][j] * raw(t + j - (K-1), c) for
+ * j = 0 .. K-1 (the multiply and the add each rounded), raw positions below 0 coming from win_in
+ * (the last K-1 raw inputs, oldest first); then u = acc * sigmoid(acc), which is kern's SwiGLU
+ * against ones (times 1 is exact), so a whole row goes through glu's vectors. Positions run last
+ * to first, so each still finds the raw inputs below it, and a row runs channel-minor (the taps
+ * transposed once), so its loads are rows of u rather than one channel down the T positions (the
+ * scalar sigmoids and the strided loads were 8% of the bundled model's long prompt,
+ * bench/results/engine.md). The window after the T positions goes to win_out (which may be
+ * win_in) from a copy taken first. scratch: blk_kda_conv_floats(K, P). */
+static void short_conv(const kern_ops *k, const float *wt, int K, int P, const float *win_in, float *win_out,
+                       float *u, int T, float *scratch)
 {
+    float *wtr = scratch, *nw = wtr + (size_t)K * P, *ones = nw + (size_t)(K - 1) * P, *acc = ones + P;
     for (int c = 0; c < P; c++) {
-        /* tmp = [win[0..K-2][c], u[0..T-1][c]] */
-        for (int j = 0; j < K - 1; j++)
-            tmp[j] = win_in[(size_t)j * P + c];
-        for (int t = 0; t < T; t++)
-            tmp[K - 1 + t] = u[(size_t)t * P + c];
-        const float *w = wt + (size_t)c * K;
-        for (int t = 0; t < T; t++) {
-            float acc = 0.0f;
-            for (int j = 0; j < K; j++)
-                acc += w[j] * tmp[t + j];
-            u[(size_t)t * P + c] = acc * blk_sigmoid(acc);
-        }
-        for (int j = 0; j < K - 1; j++)
-            win_out[(size_t)j * P + c] = tmp[T + j];
+        ones[c] = 1.0f;
+        for (int j = 0; j < K; j++)
+            wtr[(size_t)j * P + c] = wt[(size_t)c * K + j];
     }
+    for (int j = 0; j < K - 1; j++) { /* the new window's row j: raw position T - (K-1) + j */
+        int s = T - (K - 1) + j;
+        memcpy(nw + (size_t)j * P, s < 0 ? win_in + (size_t)(s + K - 1) * P : u + (size_t)s * P,
+               sizeof(float) * (size_t)P);
+    }
+    for (int t = T - 1; t >= 0; t--) {
+        for (int c = 0; c < P; c++)
+            acc[c] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            int s = t + j - (K - 1);
+            const float *raw = s < 0 ? win_in + (size_t)(s + K - 1) * P : u + (size_t)s * P, *w = wtr + (size_t)j * P;
+            for (int c = 0; c < P; c++)
+                acc[c] = acc[c] + w[c] * raw[c];
+        }
+        k->glu(KERN_GLU_SWIGLU, acc, ones, P, 0.0f, 0.0f);
+        memcpy(u + (size_t)t * P, acc, sizeof(float) * (size_t)P);
+    }
+    memcpy(win_out, nw, sizeof(float) * (size_t)(K - 1) * P);
 }
 
 struct kda_job {
@@ -106,13 +121,13 @@ static int kda_recur(const blk *b, const kda_w *w, layer_state *st, float *q, fl
 {
     const hparams *hp = b->hp;
     int P = hp->kda_heads * hp->kda_dim, K = hp->conv_k;
-    float *tmp = blk_alloc(b, (size_t)T + (size_t)K);
+    float *tmp = blk_alloc(b, blk_kda_conv_floats(K, P));
     if (!tmp)
         return -1;
     float *proj[3] = {q, k, v};
     for (int i = 0; i < 3; i++)
-        short_conv(w->conv[i], K, P, st->conv_in + (size_t)i * (K - 1) * P, st->conv + (size_t)i * (K - 1) * P,
-                   proj[i], T, tmp);
+        short_conv(b->k, w->conv[i], K, P, st->conv_in + (size_t)i * (K - 1) * P,
+                   st->conv + (size_t)i * (K - 1) * P, proj[i], T, tmp);
     struct kda_job j = {b, w, st, q, k, v, f, beta, gate, o, T};
     pool_for(b->pool, hp->kda_heads, kda_heads, &j);
     return 0;
