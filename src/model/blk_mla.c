@@ -105,7 +105,8 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
         for (int s0 = 0; s0 < nmax; s0 += BLK_KV_CHUNK) { /* a chunk's rows are W floats apart */
             int m = nmax - s0 < BLK_KV_CHUNK ? nmax - s0 : BLK_KV_CHUNK;
             const float *c = blk_kv_row(j->st, s0, W);
-            kmat lat = {.fmt = WF_F32, .rows = m, .cols = r, .data = (const uint8_t *)c, .row_bytes = W * sizeof(float)};
+            kmat lat = {.fmt = WF_F32, .rows = m, .cols = r, .data = (const uint8_t *)c,
+                        .row_bytes = W * sizeof(float)};
             k->matmul(&lat, 0, m, qa, (size_t)r, R, sc + s0, ld, mm);
             if (rope) {
                 kmat kpe = lat;

@@ -367,12 +367,12 @@ struct mix_src {
     float *p[MIX_MAX]; /* the stack's blocks, then the prefix */
 };
 
-/* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source,
- * a half-warp each for its sum of squares and its score, reads MIX_SQ at a time: half_dot16), the softmax by one thread in source order, then each
- * element's weighted sum in source order, a thread's MIX_BATCH elements of four sources read before
- * it adds any. The block first asks the L2 for every source row (they were written layers ago, and
- * a MoE layer's experts have since passed through the cache), so that the dots' reads wait on the
- * L2 rather than on memory. At decode this is a lone block bound by its dots' latency: 256 threads
+/* One block per position, as blk_attnres_mix: each source's RMS and score (one warp per source, a
+ * half-warp each for its sum of squares and its score, reads MIX_SQ at a time: half_dot16), the
+ * softmax by one thread in source order, then each element's weighted sum in source order, a
+ * thread's MIX_BATCH elements of four sources read before it adds any. The block first asks the L2
+ * for every source row (they were written layers ago, and a MoE layer's experts have since passed
+ * through the cache), so that the dots' reads wait on the L2 rather than on memory. At decode this is a lone block bound by its dots' latency: 256 threads
  * with eight reads a lane in flight took 18.2 us on k3-wide, this 10.7 us (bench/results/cuda.md). */
 __global__ void __launch_bounds__(MIX_THREADS) k_attnres_mix(mix_src src, int n, const float *u, int H, float eps,
                                                              float *out)
