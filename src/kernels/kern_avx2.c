@@ -291,9 +291,9 @@ INLINE void nib_group(int fmt, const uint8_t *row, const uint8_t *srow, int g, _
  * and 8 would need 14 and 16 accumulators. */
 #define FUSED_NT 6
 #define FUSED_RT(NT) ((NT) >= 3 ? 1 : (NT) == 2 ? 2 : 4)
-/* dot_rows beat the matmul for F32 rows of up to 64 at any T and of 128 at T <= 2 (keys in L2,
- * 256 rows, a throwaway harness; bench/results/engine.md) */
-#define ISA_DOTS(T, n) ((n) <= 64 || ((n) <= 128 && (T) <= 2))
+/* dot_rows beat the matmul for F32 rows of up to 64 at any T, of 128 at T <= 2 and of 512 at
+ * T = 1 (keys in L2, 256 rows, a throwaway harness; bench/results/engine.md) */
+#define ISA_DOTS(T, n) ((n) <= 64 || ((n) <= 128 && (T) <= 2) || ((n) <= 1024 && (T) == 1))
 #include "kernels/kern_matmul.inc"
 
 static void avx2_axpy(float *y, const float *x, float a, int n)

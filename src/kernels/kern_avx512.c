@@ -267,9 +267,11 @@ INLINE __m512 nib_half(int fmt, const uint8_t *row, const uint8_t *srow, int g, 
  * (bench/results/engine.md, 2026-12-03 on Zen 5); 7 or 8 tokens need 28-32 accumulators, which
  * the 32 zmm cannot hold beside them, and 3 rows x 8 was slower than the blocked path. */
 #define FUSED_NT 6
-/* dot_rows beat the matmul for F32 rows of 32 at any T, of 64 in the fused path's T <= 6 and of
- * 128 at T <= 2 (keys in L2, 256 rows, a throwaway harness; bench/results/engine.md) */
-#define ISA_DOTS(T, n) ((n) <= 32 || ((n) <= 64 && (T) <= FUSED_NT) || ((n) <= 128 && (T) <= 2))
+/* dot_rows beat the matmul for F32 rows of 32 at any T, of 64 in the fused path's T <= 6, of 128
+ * at T <= 2 and of 512 at T = 1 (keys in L2, 256 rows, a throwaway harness;
+ * bench/results/engine.md) */
+#define ISA_DOTS(T, n) \
+    ((n) <= 32 || ((n) <= 64 && (T) <= FUSED_NT) || ((n) <= 128 && (T) <= 2) || ((n) <= 1024 && (T) == 1))
 #include "kernels/kern_matmul.inc"
 
 static void avx512_axpy(float *y, const float *x, float a, int n)
