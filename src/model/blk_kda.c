@@ -88,13 +88,14 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
             for (int i = 0; i < d; i++) {
                 q[i] = j->q[base + i] * qr * qscale;
                 k[i] = j->k[base + i] * kr;
-                float z = j->f[base + i] + j->w->dt_bias[h * d + i], g;
+                float z = j->f[base + i] + j->w->dt_bias[h * d + i];
                 if (hp->kda_gate == KDA_GATE_LOWER_BOUND)
-                    g = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
+                    alpha[i] = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
                 else
-                    g = -j->w->A[h] * km_softplusf(z);
-                alpha[i] = km_expf(g);
+                    alpha[i] = -j->w->A[h] * km_softplusf(z);
             }
+            /* alpha = exp(g) in kern's vectors: km_expf(g - +0), and g - +0 is g (-0 included) */
+            j->b->k->exp_sub(alpha, d, 0.0f);
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
             j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);
             if (!j->o)
