@@ -281,13 +281,12 @@ void kern_test_matches_scalar(const kern_ops *k)
         float *keys = malloc(sizeof(float) * KR * KLD), *q = malloc(sizeof(float) * KT * KN);
         float *ya = malloc(sizeof(float) * KT * KR), *yb = malloc(sizeof(float) * KT * KR);
         float *scratch = aligned_alloc(64, (kern_scratch_floats(KN) * 4 + 63) / 64 * 64);
-        CHECK(keys && q && ya && yb && scratch);
-        for (int i = 0; i < KR * KLD; i++)
+        int have = keys && q && ya && yb && scratch, bad_n = 0, bad_t = 0;
+        for (int i = 0; have && i < KR * KLD; i++)
             keys[i] = (float)rng_normal(&kr);
-        for (int i = 0; i < KT * KN; i++)
+        for (int i = 0; have && i < KT * KN; i++)
             q[i] = (float)rng_normal(&kr);
-        int bad_n = 0, bad_t = 0;
-        for (size_t ni = 0; ni < sizeof kn / sizeof kn[0] && !bad_n; ni++)
+        for (size_t ni = 0; have && ni < sizeof kn / sizeof kn[0] && !bad_n; ni++)
             for (size_t ti = 0; ti < sizeof kt / sizeof kt[0] && !bad_n; ti++) {
                 kmat m = {.fmt = WF_F32, .rows = KR, .cols = kn[ni], .data = (const uint8_t *)keys,
                           .row_bytes = KLD * sizeof(float)};
@@ -305,6 +304,7 @@ void kern_test_matches_scalar(const kern_ops *k)
         free(ya);
         free(yb);
         free(scratch);
+        CHECKF(have, "%s f32 rows apart: out of memory", k->name);
         CHECKF(!bad_n, "%s f32 rows %d apart, cols %d T %d differ from scalar", k->name, (int)KLD, bad_n, bad_t);
     }
     /* dot products of odd lengths */
