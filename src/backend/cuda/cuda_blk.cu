@@ -39,8 +39,8 @@ __device__ float block_sum_in_order(const float *v, int n, float *red)
 /* One block per row: a half-warp's sum of squares, then every thread's share of the row (y may be
  * x: a thread writes only elements it has read). A row of at most RMS_HOLD elements a thread (K3's
  * 7168 at 256 threads, every head's norm) is read into registers by every thread while a half-warp
- * makes the sum, its reads RMS_SQ a lane at a time (half_dot16). Longer rows take RMS_BATCH elements a
- * thread per round after the sum. One warp writing the whole row one element at a time took 38-46
+ * makes the sum, its reads RMS_SQ a lane at a time (half_dot16). Longer rows take RMS_BATCH
+ * elements a thread per round after the sum. One warp writing the whole row one element at a time took 38-46
  * us at 3584 (the compiler cannot hoist a read above a write that may alias it); reads of eight at
  * a time after a sum reading eight at a time, 7.3 us; this, 5.0 us (bench/results/cuda.md). */
 enum { RMS_THREADS = 256, RMS_BATCH = 8, RMS_HOLD = 28, RMS_SQ = 32 };
@@ -158,8 +158,8 @@ extern "C" void cudab_gqa_store(float *const *chunks, int pos0, int T, const flo
         k_gqa_store<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(chunks, pos0, T, k, v, nkv, hd);
 }
 
-/* One block per (query t, head h), as blk_gqa.c's gqa_heads: scores (one half-warp per key), the scale,
- * the max and the sum in key order by one thread, the exponentials and divisions element by
+/* One block per (query t, head h), as blk_gqa.c's gqa_heads: scores (one half-warp per key), the
+ * scale, the max and the sum in key order by one thread, the exponentials and divisions element by
  * element, then each output element's weighted sum over the value rows in order. */
 __global__ void k_gqa_attend(const float *q, float *const *chunks, int pos0, int nh, int nkv, int hd, float scale,
                              float *sc, float *o)
@@ -372,8 +372,9 @@ struct mix_src {
  * softmax by one thread in source order, then each element's weighted sum in source order, a
  * thread's MIX_BATCH elements of four sources read before it adds any. The block first asks the L2
  * for every source row (they were written layers ago, and a MoE layer's experts have since passed
- * through the cache), so that the dots' reads wait on the L2 rather than on memory. At decode this is a lone block bound by its dots' latency: 256 threads
- * with eight reads a lane in flight took 18.2 us on k3-wide, this 10.7 us (bench/results/cuda.md). */
+ * through the cache), so that the dots' reads wait on the L2 rather than on memory. At decode this
+ * is a lone block bound by its dots' latency: 256 threads with eight reads a lane in flight took
+ * 18.2 us on k3-wide, this 10.7 us (bench/results/cuda.md). */
 __global__ void __launch_bounds__(MIX_THREADS) k_attnres_mix(mix_src src, int n, const float *u, int H, float eps,
                                                              float *out)
 {
@@ -455,11 +456,10 @@ extern "C" void cudab_cache_store(float *const *chunks, int pos0, int T, const f
 enum { MLA_MAX_R = 1024 };
 
 /* One block per (query t, head h), blk_mla_query's steps in its order: qa = the axpys of Wk's rows
- * weighted by q_nope; each key's score as a dot over the latent plus one over the rope part
- * (one half-warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
+ * weighted by q_nope; each key's score as a dot over the latent plus one over the rope part (one
+ * half-warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
  * latent rows weighted by score / sum; then each output as a dot of a Wv row with ol (a half-warp
- * each). A
- * thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
+ * each). A thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
  * heads alone leave most SMs empty, a block has MLA_WIDE threads, four times the warps to share
  * the keys and outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
 enum { MLA_UNROLL = 32, MLA_WIDE = 1024 };
