@@ -52,8 +52,9 @@ typedef struct kern_ops {
                    float *scratch);
     /* seq16 dot product of two float32 vectors (the F32 matrix row's product). */
     float (*dot)(const float *a, const float *b, int n);
-    /* out[s] = dot(a, x + s * ldx, n) for s < rows, each the dot above: attention's scores
-     * over a run of key rows (SIMD tables finish eight trees at once). */
+    /* out[s] = dot(a, x + s * ldx, n) for s < rows, each the dot above: one query's scores over
+     * a run of key rows (DSpark's; the SIMD matmuls' short F32 rows, ISA_DOTS in
+     * kern_matmul.inc). SIMD tables finish eight trees at once. */
     void (*dot_rows)(const float *a, const float *x, size_t ldx, int rows, int n, float *out);
     /* Exact dequantization of rows [r0, r1) into out[(r - r0) * cols + i]. */
     void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
