@@ -51,12 +51,17 @@ struct mla_job {
     int tb, hb, tper; /* an item's tokens and heads (at most), token blocks per block of heads */
 };
 
+/* The matmuls' scratch at the head of an item's (their longest rows: the latent's or the rope's) */
+static size_t mla_mm_floats(const hparams *hp)
+{
+    return kern_scratch_floats((size_t)(hp->kv_lora_rank > hp->qk_rope ? hp->kv_lora_rank : hp->qk_rope));
+}
+
 size_t blk_mla_scratch_floats(const hparams *hp, int context)
 {
     size_t r = (size_t)hp->kv_lora_rank, wide = (size_t)(hp->qk_nope > hp->v_head ? hp->qk_nope : hp->v_head);
     size_t R = BLK_ATT_ROWS, rope = (size_t)hp->qk_rope;
-    return kern_scratch_floats(r > rope ? r : rope) + wide * r + 2 * R * r + R * rope + R * BLK_KV_CHUNK +
-           blk_att_score_floats(context);
+    return mla_mm_floats(hp) + wide * r + 2 * R * r + R * rope + R * BLK_KV_CHUNK + blk_att_score_floats(context);
 }
 
 /* Work item i: heads [h0, h1) x tokens [t0, t1), every query row of which is blk_mla_query's
@@ -76,7 +81,7 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
     int nh = hp->n_heads, nope = hp->qk_nope, rope = hp->qk_rope, r = hp->kv_lora_rank, vd = hp->v_head;
     size_t W = (size_t)r + rope, qd = (size_t)nope + rope;
     float *mm = pool_scratch(j->b->pool, tid);                  /* the matmuls' (kern.h) */
-    float *wkv = mm + kern_scratch_floats((size_t)(r > rope ? r : rope)); /* a head's Wk [nope][r], then Wv [vd][r] */
+    float *wkv = mm + mla_mm_floats(hp);                        /* a head's Wk [nope][r], then Wv [vd][r] */
     float *qa = wkv + (size_t)(nope > vd ? nope : vd) * r;      /* [R][r] */
     float *ol = qa + (size_t)BLK_ATT_ROWS * r;                  /* [R][r] */
     float *qp = ol + (size_t)BLK_ATT_ROWS * r;                  /* [R][rope] the rows' q_pe */
