@@ -14,6 +14,10 @@ cd "$(dirname "$0")"
 # `deltafin serve`, and what the server's tests drive it with: node + npm (the official openai
 # client, puppeteer-core) and chromium (the chat page in a real browser)
 PKGS="gcc make python3 tar xz-utils libjansson-dev libpcre2-dev libxxhash-dev liburing-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev chromium"
+# the NEON kernels' check under qemu, on x86-64 hosts (a cross compiler and user-mode qemu)
+if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
+  PKGS="$PKGS gcc-aarch64-linux-gnu qemu-user"
+fi
 # node and npm from Debian, unless a node with its npm is already installed (nodesource's nodejs
 # carries npm and conflicts with Debian's npm package)
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

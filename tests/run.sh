@@ -47,6 +47,8 @@ if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/
   else
     echo "FAIL neon kernels under qemu-aarch64:"; printf '%s\n' "$r" | grep -v '^ok' | sed 's/^/    /'; fail=$((fail + 1))
   fi
+else
+  echo "skip neon kernels under qemu-aarch64: needs Debian's gcc-aarch64-linux-gnu and qemu-user"
 fi
 
 # the CUDA backend's kernels, their GPU test and bench compile wherever nvcc is installed (they run
@@ -57,6 +59,8 @@ if command -v "${NVCC:-nvcc}" >/dev/null; then
   else
     echo "FAIL cuda backend does not compile:"; printf '%s\n' "$r" | tail -n 20 | sed 's/^/    /'; fail=$((fail + 1))
   fi
+else
+  echo "skip cuda backend compile: needs nvcc"
 fi
 
 # a script that prints "ok"/"FAIL" lines and ends with "N passed, M failed": its lines, its counts
