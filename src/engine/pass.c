@@ -47,7 +47,7 @@ size_t pass_floats(const model *m, int T)
             rmax = rmax > (size_t)m->L[i].kda.g_a.rows ? rmax : (size_t)m->L[i].kda.g_a.rows;
         }
     if (has_kda)
-        per += 8 * P + 2 * rmax + (size_t)hp->kda_heads + 1;
+        per += 8 * P + 2 * rmax + (size_t)hp->kda_heads;
     if (has_mla)
         per += (size_t)hp->n_heads * (hp->qk_nope + hp->qk_rope) + engine_cache_width(hp, ATTN_MLA) +
                2 * (size_t)hp->n_heads * hp->v_head + (size_t)hp->q_lora_rank;
@@ -73,7 +73,7 @@ size_t pass_thread_floats(const model *m, int context)
     const hparams *hp = &m->hp;
     size_t need = kern_scratch_floats(m->max_cols);
     size_t mla = blk_mla_scratch_floats(hp, context);
-    size_t kda = 5 * (size_t)hp->kda_dim, gqa = blk_gqa_scratch_floats(hp, context);
+    size_t kda = blk_kda_scratch_floats(hp), gqa = blk_gqa_scratch_floats(hp, context);
     if (mla > need)
         need = mla;
     if (kda > need)

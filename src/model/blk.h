@@ -127,6 +127,8 @@ static inline float blk_sigmoid(float x) { return km_sigmoidf(x); }
 int blk_kda(const blk *b, const kda_w *w, layer_state *st, const float *x, int T, float *out);
 /* Floats of the arena a KDA layer's short convolutions take (K taps, P channels), whatever T. */
 static inline size_t blk_kda_conv_floats(int K, int P) { return (2 * (size_t)K + 1) * (size_t)P; }
+/* The per-thread scratch floats a KDA head's recurrence takes (six vectors of kda_dim). */
+static inline size_t blk_kda_scratch_floats(const hparams *hp) { return 6 * (size_t)hp->kda_dim; }
 /* Floats one position of one KDA layer logs (4P + kda_heads). */
 size_t blk_kda_log_floats(const hparams *hp);
 /* Advances st (S and conv, in place: S_in and conv_in are ignored) over the first n positions of

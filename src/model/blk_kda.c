@@ -69,8 +69,9 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
     struct kda_job *j = ctx;
     const hparams *hp = j->b->hp;
     int d = hp->kda_dim, P = hp->kda_heads * d;
-    float *scr = pool_scratch(j->b->pool, tid);
-    float *q = scr, *k = q + d, *alpha = k + d, *u = alpha + d, *o = u + d;
+    float *scr = pool_scratch(j->b->pool, tid); /* blk_kda_scratch_floats */
+    float *q = scr, *k = q + d, *alpha = k + d, *u = alpha + d, *o = u + d, *sg = o + d;
+    int lower = hp->kda_gate == KDA_GATE_LOWER_BOUND;
     float qscale = 1.0f / sqrtf((float)d);
     for (int h = h0; h < h1; h++) {
         float *S = j->st->S + (size_t)h * d * d;
@@ -89,13 +90,16 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                 q[i] = j->q[base + i] * qr * qscale;
                 k[i] = j->k[base + i] * kr;
                 float z = j->f[base + i] + j->w->dt_bias[h * d + i];
-                if (hp->kda_gate == KDA_GATE_LOWER_BOUND)
-                    alpha[i] = hp->kda_lower_bound * blk_sigmoid(j->w->A[h] * z);
-                else
-                    alpha[i] = -j->w->A[h] * km_softplusf(z);
+                alpha[i] = lower ? -(j->w->A[h] * z) : -j->w->A[h] * km_softplusf(z);
             }
-            /* alpha = exp(g) in kern's vectors: km_expf(g - +0), and g - +0 is g (-0 included) */
-            j->b->k->exp_sub(alpha, d, 0.0f);
+            /* The exponentials in kern's vectors, as km_expf(x - +0): x - +0 is x, -0 included.
+             * The lower bound's sigmoid is km_sigmoidf's 1 / (1 + km_expf(-x)) written out. */
+            if (lower) {
+                j->b->k->exp_sub(alpha, d, 0.0f);
+                for (int i = 0; i < d; i++)
+                    alpha[i] = hp->kda_lower_bound * (1.0f / (1.0f + alpha[i]));
+            }
+            j->b->k->exp_sub(alpha, d, 0.0f); /* alpha = exp(g) */
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
             j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);
             if (!j->o)
@@ -107,7 +111,10 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
             float rn = 1.0f / sqrtf(ss / (float)d + hp->rms_eps);
             float *out = j->o + base;
             for (int c = 0; c < d; c++)
-                out[c] = o[c] * rn * j->w->o_norm[c] * blk_sigmoid(j->gate[base + c]);
+                sg[c] = -j->gate[base + c];
+            j->b->k->exp_sub(sg, d, 0.0f); /* the gate's sigmoid as above */
+            for (int c = 0; c < d; c++)
+                out[c] = o[c] * rn * j->w->o_norm[c] * (1.0f / (1.0f + sg[c]));
         }
     }
 }
