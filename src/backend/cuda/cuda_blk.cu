@@ -38,17 +38,20 @@ __device__ float block_sum_in_order(const float *v, int n, float *red)
 
 /* One block per row: a half-warp's sum of squares, then every thread's share of the row (y may be
  * x: a thread writes only elements it has read). A row of at most RMS_HOLD elements a thread (K3's
- * 7168 at 256 threads, every head's norm) is read into registers by every thread while a half-warp
- * makes the sum, its reads RMS_SQ a lane at a time (half_dot16). Longer rows take RMS_BATCH
- * elements a thread per round after the sum. One warp writing the whole row one element at a time took 38-46
- * us at 3584 (the compiler cannot hoist a read above a write that may alias it); reads of eight at
- * a time after a sum reading eight at a time, 7.3 us; this, 5.0 us (bench/results/cuda.md). */
+ * 7168 at 256 threads, every head's norm) is read into registers by every thread, and into shared
+ * memory, from which a half-warp makes the sum, reading RMS_SQ a lane at a time (half_dot16): its
+ * 16 lanes alone would wait for n / (16 RMS_SQ) memory latencies. Longer rows take RMS_BATCH
+ * elements a thread per round after the sum. One warp writing the whole row one element at a time
+ * took 38-46 us at 3584 (the compiler cannot hoist a read above a write that may alias it); reads
+ * of eight at a time after a sum reading eight at a time, 7.3 us; this, 5.0 us (measured
+ * with a warp's sum, bench/results/cuda.md). */
 enum { RMS_THREADS = 256, RMS_BATCH = 8, RMS_HOLD = 28, RMS_SQ = 32 };
 
 __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const float *w, int n, size_t ld, float eps,
                                                          float *y)
 {
     __shared__ float rs;
+    extern __shared__ float row[]; /* [n] where the row is held, else none */
     const float *xt = x + (size_t)blockIdx.x * ld;
     float *yt = y + (size_t)blockIdx.x * ld;
     const int nt = blockDim.x;
@@ -60,9 +63,9 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
         if (i < n)
             yt[i] = w ? xv * r * wv : xv * r;
     };
-    auto scale = [&] { /* 1 / RMS, for every thread */
+    auto scale = [&](const float *v) { /* 1 / RMS of v (the row), for every thread */
         if (threadIdx.x < 16) {
-            float ss = half_dot16<RMS_SQ, true>(xt, xt, n);
+            float ss = half_dot16<RMS_SQ, true>(v, v, n);
             if (threadIdx.x == 0)
                 rs = 1.0f / sqrtf(ss / (float)n + eps);
         }
@@ -74,13 +77,18 @@ __global__ void __launch_bounds__(RMS_THREADS) k_rmsnorm(const float *x, const f
 #pragma unroll
         for (int m = 0; m < RMS_HOLD; m++)
             get(threadIdx.x + m * nt, xv[m], wv[m]);
-        float r = scale();
+#pragma unroll
+        for (int m = 0; m < RMS_HOLD; m++) /* after every read: a store may alias a later read */
+            if (threadIdx.x + m * nt < n)
+                row[threadIdx.x + m * nt] = xv[m];
+        __syncthreads();
+        float r = scale(row);
 #pragma unroll
         for (int m = 0; m < RMS_HOLD; m++)
             put(threadIdx.x + m * nt, xv[m], wv[m], r);
         return;
     }
-    float r = scale();
+    float r = scale(xt);
     for (int i0 = threadIdx.x; i0 < n; i0 += RMS_BATCH * nt) {
         float xv[RMS_BATCH], wv[RMS_BATCH];
 #pragma unroll
@@ -97,8 +105,9 @@ extern "C" void cudab_rmsnorm(const float *x, const float *w, int T, int n, size
 {
     /* a head's norm of a few dozen elements: a warp or a few */
     unsigned threads = n >= (int)RMS_THREADS ? (unsigned)RMS_THREADS : (unsigned)(n + 31) / 32 * 32;
+    size_t held = n <= RMS_HOLD * (int)threads ? (size_t)n * sizeof(float) : 0;
     if (T > 0 && n > 0)
-        k_rmsnorm<<<(unsigned)T, threads, 0, (cudaStream_t)stream>>>(x, w, n, ld, eps, y);
+        k_rmsnorm<<<(unsigned)T, threads, held, (cudaStream_t)stream>>>(x, w, n, ld, eps, y);
 }
 
 __global__ void k_add(float *y, const float *a, size_t n)
@@ -362,7 +371,7 @@ extern "C" void cudab_moe_sum(const float *slots, const float *wt, int T, int K,
         k_moe_sum<<<(unsigned)((m + 255) / 256), 256, 0, (cudaStream_t)stream>>>(slots, wt, T, K, D, r);
 }
 
-enum { MIX_MAX = 64, MIX_THREADS = 512, MIX_BATCH = 8, MIX_SQ = 16 };
+enum { MIX_MAX = 64, MIX_THREADS = 512, MIX_BATCH = 8, MIX_SQ = 32 };
 struct mix_src {
     float *p[MIX_MAX]; /* the stack's blocks, then the prefix */
 };
@@ -462,7 +471,7 @@ enum { MLA_MAX_R = 1024 };
  * each). A thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
  * heads alone leave most SMs empty, a block has MLA_WIDE threads, four times the warps to share
  * the keys and outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
-enum { MLA_UNROLL = 32, MLA_WIDE = 1024 };
+enum { MLA_UNROLL = 32, MLA_WIDE = 1024, MLA_DOT = 16 };
 __global__ void __launch_bounds__(MLA_WIDE)
     k_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int nh, int nope, int rope, int r,
                  int vd, float scale, float *sc, float *o)
@@ -484,9 +493,9 @@ __global__ void __launch_bounds__(MLA_WIDE)
     __syncthreads();
     for (int k = hi; k < n; k += halves) {
         const float *cs = chunks[k / KV_CHUNK] + (size_t)(k % KV_CHUNK) * W;
-        float v = half_dot16(qa, cs, r);
+        float v = half_dot16<MLA_DOT>(qa, cs, r);
         if (rope)
-            v = v + half_dot16(qh + nope, cs + r, rope);
+            v = v + half_dot16<MLA_DOT>(qh + nope, cs + r, rope);
         if (lane == 0)
             s[k] = v * scale;
     }
@@ -513,7 +522,7 @@ __global__ void __launch_bounds__(MLA_WIDE)
     __syncthreads();
     float *oh = o + ((size_t)t * nh + h) * vd;
     for (int e = hi; e < vd; e += halves) {
-        float v = half_dot16(ol, wv + (size_t)e * r, r);
+        float v = half_dot16<MLA_DOT>(ol, wv + (size_t)e * r, r);
         if (lane == 0)
             oh[e] = v;
     }
