@@ -504,28 +504,28 @@ static void check_elementwise(const kern_ops *k)
                k->name);
     }
     /* axpy_rows against the scalar table's axpys one row at a time (lengths through one and two
-     * register blocks with tails of every vector count, a row stride wider than the length), and
-     * nothing past the length written */
-    static const int lens[] = {1, 7, 16, 20, 64, 90, 100, 120, 128, 129, 200, 250, 280};
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-        enum { ROWS = 9, LDX = 311 };
-        int len = lens[li];
-        float y1[300], y2[300], x[ROWS * LDX], a[ROWS]; /* (y2: 16 sentinels past the length) */
-        for (int i = 0; i < len; i++)
-            y1[i] = y2[i] = (float)rng_normal(&r);
-        for (int i = len; i < len + 16; i++)
-            y2[i] = 7.0f;
-        for (int i = 0; i < ROWS * LDX; i++)
-            x[i] = (float)rng_normal(&r);
-        for (int s = 0; s < ROWS; s++) {
-            a[s] = (float)rng_normal(&r);
-            kern_scalar.axpy(y1, x + s * LDX, a[s], len);
+     * register blocks with tails of every vector count, a row stride wider than the length), for
+     * one to three outputs (rows LDY apart, their weights LDA apart), and nothing past each
+     * output's length written */
+    static const int lens[] = {1, 7, 16, 20, 33, 64, 90, 100, 120, 128, 129, 200, 250, 280};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int ny = 1; ny <= 3; ny++) {
+            enum { ROWS = 9, LDX = 311, LDY = 300, LDA = 11 };
+            int len = lens[li];
+            float y1[3 * LDY], y2[3 * LDY], x[ROWS * LDX], a[3 * LDA]; /* (y2: sentinels past the length) */
+            for (int i = 0; i < 3 * LDY; i++)
+                y1[i] = y2[i] = i % LDY < len ? (float)rng_normal(&r) : 7.0f;
+            for (int i = 0; i < ROWS * LDX; i++)
+                x[i] = (float)rng_normal(&r);
+            for (int i = 0; i < 3 * LDA; i++)
+                a[i] = (float)rng_normal(&r);
+            for (int j = 0; j < ny; j++)
+                for (int s = 0; s < ROWS; s++)
+                    kern_scalar.axpy(y1 + j * LDY, x + s * LDX, a[j * LDA + s], len);
+            k->axpy_rows(y2, LDY, a, LDA, ny, x, LDX, ROWS, len);
+            CHECKF(memcmp(y1, y2, sizeof y1) == 0, "%s axpy_rows len=%d ny=%d differs (or wrote past a length)",
+                   k->name, len, ny);
         }
-        k->axpy_rows(y2, x, LDX, a, ROWS, len);
-        CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "%s axpy_rows len=%d differs", k->name, len);
-        for (int i = len; i < len + 16; i++)
-            CHECKF(y2[i] == 7.0f, "%s axpy_rows len=%d wrote past the end", k->name, len);
-    }
     static const int dims[] = {16, 32, 64, 128, 24};
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         int d = dims[di];

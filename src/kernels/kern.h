@@ -60,10 +60,13 @@ typedef struct kern_ops {
     void (*decode_rows)(const kmat *w, int r0, int r1, float *out);
     /* y[i] = fma(a, x[i], y[i]) for i < n (element-wise: the same bits on every ISA). */
     void (*axpy)(float *y, const float *x, float a, int n);
-    /* n axpys in turn, y[i] = fma(a[s], x[s * ldx + i], y[i]) for s = 0 .. n - 1 and i < len: the
-     * bits of n axpy calls, with y held in registers across them (attention's weighted sum of
-     * value rows, the MoE's weighted sum of expert outputs). */
-    void (*axpy_rows)(float *y, const float *x, size_t ldx, const float *a, int n, int len);
+    /* For each of ny outputs j (y_j = y + j ldy, a_j = a + j lda): n axpys in turn, y_j[i] =
+     * fma(a_j[s], x[s * ldx + i], y_j[i]) for s = 0 .. n - 1 and i < len. Each element's chain runs
+     * over s in order, so this is the bits of n axpy calls a row, with y held in registers across
+     * them; the outputs share each x row's loads (attention's weighted sums of value rows for
+     * several query rows, the MoE's weighted sum of expert outputs). */
+    void (*axpy_rows)(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx, int n,
+                      int len);
     /* One token of the KDA delta rule for one head, S[d][d] (rows = key dim), in place:
      *   for each row r:  S[r][:] *= alpha[r];  u[:] = fma(S[r][:], k[r], u[:])   (u from 0)
      *   u[:] = beta * (v[:] - u[:])

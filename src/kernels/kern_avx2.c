@@ -306,30 +306,61 @@ static void avx2_axpy(float *y, const float *x, float a, int n)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
-/* 64 columns at a time in eight ymm across all n rows (a row-by-row axpy stores and reloads y
- * for every row: 10% of a Qwen3-0.6B prompt went to attention's axpys) */
-static void avx2_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+/* 8 NV columns of RB outputs in RB x NV ymm across all n rows (RB NV <= 8) */
+INLINE void axpy_rows_blk(float *y, size_t ldy, const float *a, size_t lda, const int RB, const int NV,
+                          const float *x, size_t ldx, int n)
 {
-    int i = 0;
-    for (; i + 64 <= len; i += 64) {
-        __m256 acc[8];
+    __m256 acc[2][8], va[2];
+    UNROLL
+    for (int q = 0; q < RB; q++) {
         UNROLL
-        for (int k = 0; k < 8; k++)
-            acc[k] = _mm256_loadu_ps(y + i + 8 * k);
-        for (int s = 0; s < n; s++) {
-            __m256 va = _mm256_set1_ps(a[s]);
-            const float *xs = x + (size_t)s * ldx + i;
-            UNROLL
-            for (int k = 0; k < 8; k++)
-                acc[k] = _mm256_fmadd_ps(va, _mm256_loadu_ps(xs + 8 * k), acc[k]);
-        }
-        UNROLL
-        for (int k = 0; k < 8; k++)
-            _mm256_storeu_ps(y + i + 8 * k, acc[k]);
+        for (int k = 0; k < NV; k++)
+            acc[q][k] = _mm256_loadu_ps(y + q * ldy + 8 * k);
     }
-    if (i < len)
-        for (int s = 0; s < n; s++)
-            avx2_axpy(y + i, x + (size_t)s * ldx + i, a[s], len - i);
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * ldx;
+        UNROLL
+        for (int q = 0; q < RB; q++)
+            va[q] = _mm256_set1_ps(a[q * lda + s]);
+        UNROLL
+        for (int k = 0; k < NV; k++) {
+            __m256 xv = _mm256_loadu_ps(xs + 8 * k);
+            if (RB > 1) /* one load for both: gcc would fold it into each FMA as a memory operand */
+                __asm__("" : "+v"(xv));
+            UNROLL
+            for (int q = 0; q < RB; q++)
+                acc[q][k] = _mm256_fmadd_ps(va[q], xv, acc[q][k]);
+        }
+    }
+    UNROLL
+    for (int q = 0; q < RB; q++) {
+        UNROLL
+        for (int k = 0; k < NV; k++)
+            _mm256_storeu_ps(y + q * ldy + 8 * k, acc[q][k]);
+    }
+}
+
+/* Two outputs at a time, 32 columns in eight ymm, and a lone output 64 columns at a time: eight FMA
+ * chains either way, and a pair takes two FMAs for each load of x (1.3-1.6x a pair at 64 to 512
+ * columns, bench/results/engine.md). (A row-by-row axpy stores and reloads y for every row: 10% of
+ * a Qwen3-0.6B prompt went to attention's axpys.) The last columns go as axpys. */
+static void avx2_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx,
+                           int n, int len)
+{
+    for (int j = 0; j < ny;) {
+        int rb = ny - j >= 2 ? 2 : 1, w = rb == 2 ? 32 : 64, i = 0;
+        float *yj = y + (size_t)j * ldy;
+        const float *aj = a + (size_t)j * lda;
+        for (; i + w <= len; i += w)
+            if (rb == 2)
+                axpy_rows_blk(yj + i, ldy, aj, lda, 2, 4, x + i, ldx, n);
+            else
+                axpy_rows_blk(yj + i, ldy, aj, lda, 1, 8, x + i, ldx, n);
+        for (int q = 0; q < rb && i < len; q++)
+            for (int s = 0; s < n; s++)
+                avx2_axpy(yj + q * ldy + i, x + (size_t)s * ldx + i, aj[q * lda + s], len - i);
+        j += rb;
+    }
 }
 
 static void avx2_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,

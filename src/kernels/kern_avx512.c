@@ -286,31 +286,42 @@ static void avx512_axpy(float *y, const float *x, float a, int n)
     }
 }
 
-/* Columns [0, 16 * NV) of axpy_rows, the sums in NV zmm across all n rows; `last` masks the last
- * vector's columns (lanes past it are loaded as zeros and never stored). */
-INLINE void axpy_rows_nv(float *y, const float *x, size_t ldx, const float *a, int n, const int NV, __mmask16 last)
+/* Columns [0, 16 NV) of RB outputs of axpy_rows (RB <= 2), the sums in RB x NV zmm across all n
+ * rows; `last` masks the last vector's columns (lanes past it are loaded as zeros and never
+ * stored) */
+INLINE void axpy_rows_nv(float *y, size_t ldy, const float *a, size_t lda, const int RB, const float *x, size_t ldx,
+                         int n, const int NV, __mmask16 last)
 {
-    __m512 acc[8];
-    _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++) acc[k] =
-        _mm512_maskz_loadu_ps(k == NV - 1 ? last : (__mmask16)0xFFFF, y + 16 * k);
-    for (int s = 0; s < n; s++) {
-        __m512 va = _mm512_set1_ps(a[s]);
-        const float *xs = x + (size_t)s * ldx;
-        _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++) acc[k] =
-            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k == NV - 1 ? last : (__mmask16)0xFFFF, xs + 16 * k), acc[k]);
+    __m512 acc[2][8], va[2];
+    _Pragma("GCC unroll 2") for (int q = 0; q < RB; q++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++) acc[q][k] =
+            _mm512_maskz_loadu_ps(k == NV - 1 ? last : (__mmask16)0xFFFF, y + q * ldy + 16 * k);
     }
-    _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++)
-        _mm512_mask_storeu_ps(y + 16 * k, k == NV - 1 ? last : (__mmask16)0xFFFF, acc[k]);
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * ldx;
+        _Pragma("GCC unroll 2") for (int q = 0; q < RB; q++) va[q] = _mm512_set1_ps(a[q * lda + s]);
+        _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++) {
+            __m512 xv = _mm512_maskz_loadu_ps(k == NV - 1 ? last : (__mmask16)0xFFFF, xs + 16 * k);
+            if (RB > 1) /* one load for both: gcc would fold it into each FMA as a memory operand */
+                __asm__("" : "+v"(xv));
+            _Pragma("GCC unroll 2") for (int q = 0; q < RB; q++) acc[q][k] = _mm512_fmadd_ps(va[q], xv, acc[q][k]);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int q = 0; q < RB; q++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < NV; k++)
+            _mm512_mask_storeu_ps(y + q * ldy + 16 * k, k == NV - 1 ? last : (__mmask16)0xFFFF, acc[q][k]);
+    }
 }
 
-/* 128 columns at a time in eight zmm across all n rows (see avx2_axpy_rows), and the last 1 to 127
- * the same way in as many zmm as they fill: the bundled model's latent rows are 64 wide, and
- * row-by-row axpys for them took 14% of its 4000-token prompt */
-static void avx512_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+/* RB outputs' columns, 128 at a time in 8 RB zmm, and the last 1 to 127 the same way in as many zmm
+ * as they fill (the bundled model's latent rows are 64 wide, and row-by-row axpys for them took 14%
+ * of its 4000-token prompt) */
+INLINE void axpy_rows_cols(float *y, size_t ldy, const float *a, size_t lda, const int RB, const float *x,
+                           size_t ldx, int n, int len)
 {
     int i = 0;
     for (; i + 128 <= len; i += 128)
-        axpy_rows_nv(y + i, x + i, ldx, a, n, 8, (__mmask16)0xFFFF);
+        axpy_rows_nv(y + i, ldy, a, lda, RB, x + i, ldx, n, 8, (__mmask16)0xFFFF);
     int rem = len - i, nv = (rem + 15) / 16;
     __mmask16 last = rem % 16 ? (__mmask16)((1u << (rem % 16)) - 1) : (__mmask16)0xFFFF;
     switch (nv) {
@@ -318,7 +329,7 @@ static void avx512_axpy_rows(float *y, const float *x, size_t ldx, const float *
         return;
 #define AXPY_ROWS_CASE(v)                                                                                          \
     case v:                                                                                                        \
-        axpy_rows_nv(y + i, x + i, ldx, a, n, v, last);                                                            \
+        axpy_rows_nv(y + i, ldy, a, lda, RB, x + i, ldx, n, v, last);                                              \
         return;
         AXPY_ROWS_CASE(1)
         AXPY_ROWS_CASE(2)
@@ -328,9 +339,22 @@ static void avx512_axpy_rows(float *y, const float *x, size_t ldx, const float *
         AXPY_ROWS_CASE(6)
         AXPY_ROWS_CASE(7)
     default:
-        axpy_rows_nv(y + i, x + i, ldx, a, n, 8, last);
+        axpy_rows_nv(y + i, ldy, a, lda, RB, x + i, ldx, n, 8, last);
 #undef AXPY_ROWS_CASE
     }
+}
+
+/* Outputs two at a time: one load of x feeds two FMAs, where a lone output's FMAs wait on its loads
+ * at wide rows (K3's 512-wide latent) and on four chains' latency at 64 (1.2-1.6x a pair,
+ * bench/results/engine.md) */
+static void avx512_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx,
+                             int n, int len)
+{
+    int j = 0;
+    for (; j + 2 <= ny; j += 2)
+        axpy_rows_cols(y + (size_t)j * ldy, ldy, a + (size_t)j * lda, lda, 2, x, ldx, n, len);
+    if (j < ny)
+        axpy_rows_cols(y + (size_t)j * ldy, ldy, a + (size_t)j * lda, lda, 1, x, ldx, n, len);
 }
 
 static void avx512_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,

@@ -119,10 +119,12 @@ static void neon_axpy(float *y, const float *x, float a, int n)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
-static void neon_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+static void neon_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx, int n,
+                           int len)
 {
-    for (int s = 0; s < n; s++)
-        neon_axpy(y, x + (size_t)s * ldx, a[s], len);
+    for (int j = 0; j < ny; j++)
+        for (int s = 0; s < n; s++)
+            neon_axpy(y + (size_t)j * ldy, x + (size_t)s * ldx, a[(size_t)j * lda + s], len);
 }
 
 /* The KDA step uses the reference loop: fmaf is one fused instruction on AArch64. */

@@ -63,10 +63,12 @@ static void scalar_axpy(float *y, const float *x, float a, int n)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
-static void scalar_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+static void scalar_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx,
+                             int n, int len)
 {
-    for (int s = 0; s < n; s++)
-        scalar_axpy(y, x + (size_t)s * ldx, a[s], len);
+    for (int j = 0; j < ny; j++)
+        for (int s = 0; s < n; s++)
+            scalar_axpy(y + (size_t)j * ldy, x + (size_t)s * ldx, a[(size_t)j * lda + s], len);
 }
 
 void kern_scalar_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,

@@ -24,7 +24,7 @@ struct gqa_job {
  * position are computed and never read. */
 size_t blk_gqa_scratch_floats(const hparams *hp, int context)
 {
-    return kern_scratch_floats((size_t)hp->head_dim) + (size_t)BLK_ATT_ROWS * hp->head_dim +
+    return kern_scratch_floats((size_t)hp->head_dim) + 2 * (size_t)BLK_ATT_ROWS * hp->head_dim +
            blk_att_score_floats(context);
 }
 
@@ -37,7 +37,8 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
     size_t W = 2 * (size_t)nkv * hd;
     float *mm = pool_scratch(j->b->pool, tid);            /* the matmul's (kern.h) */
     float *qr = mm + kern_scratch_floats((size_t)hd);     /* [R][hd] the rows' queries */
-    float *sc = qr + (size_t)BLK_ATT_ROWS * hd;           /* [R][ld] */
+    float *ol = qr + (size_t)BLK_ATT_ROWS * hd;           /* [R][hd] their outputs */
+    float *sc = ol + (size_t)BLK_ATT_ROWS * hd;           /* [R][ld] */
     for (int i = i0; i < i1; i++) {
         int kvh = i / j->per, r0 = i % j->per * j->rows, r1 = r0 + j->rows;
         r1 = r1 < group * j->T ? r1 : group * j->T;
@@ -58,17 +59,13 @@ static void gqa_rows(void *ctx, int i0, int i1, int tid)
             k->matmul(&keys, 0, m, qr, (size_t)hd, R, sc + s0, ld, mm);
         }
         k->softmax_rows(sc, ld, n, R, hp->attn_scale);
+        for (size_t e = 0; e < (size_t)R * hd; e++)
+            ol[e] = 0.0f;
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS)
+            blk_att_sums(k, ol, (size_t)hd, sc, ld, n, R, s0, blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd, W,
+                         hd);
         for (int r = 0; r < R; r++)
-            for (int e = 0; e < hd; e++)
-                o[r][e] = 0.0f;
-        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
-            const float *vr = blk_kv_row(j->st, s0, W) + (size_t)(nkv + kvh) * hd;
-            for (int r = 0; r < R; r++) {
-                int m = n[r] - s0 < BLK_ATT_KEYS ? n[r] - s0 : BLK_ATT_KEYS;
-                if (m > 0)
-                    k->axpy_rows(o[r], vr, W, sc + (size_t)r * ld + s0, m, hd);
-            }
-        }
+            memcpy(o[r], ol + (size_t)r * hd, sizeof(float) * (size_t)hd);
     }
 }
 

@@ -25,7 +25,7 @@ void blk_mla_query(const kern_ops *k, const hparams *hp, float scale, const floa
     float *qa = scratch, *ol = qa + r, *sc = ol + r;
     for (int i = 0; i < r; i++)
         qa[i] = 0.0f;
-    k->axpy_rows(qa, wk, (size_t)r, qh, nope, r); /* the nope axpys in turn */
+    k->axpy_rows(qa, (size_t)r, qh, (size_t)nope, 1, wk, (size_t)r, nope, r); /* the nope axpys in turn */
     for (int s = 0; s < n; s++) {
         const float *cs = row(ud, s);
         float v = k->dot(qa, cs, r);
@@ -96,13 +96,11 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
         for (int h = h0; h < h1; h++) {
             int row = h * (nope + vd);
             k->decode_rows(&j->w->kv_b, row, row + nope, wkv);
-            for (int t = t0; t < t1; t++) {
-                float *a = qa + (size_t)((h - h0) * nt + t - t0) * r;
-                const float *qh = j->q + ((size_t)t * nh + h) * qd;
-                for (int e = 0; e < r; e++)
-                    a[e] = 0.0f;
-                k->axpy_rows(a, wkv, (size_t)r, qh, nope, r); /* the nope axpys in turn */
-            }
+            float *a = qa + (size_t)(h - h0) * nt * r; /* the head's rows, t0 .. t1 - 1 */
+            for (size_t e = 0; e < (size_t)nt * r; e++)
+                a[e] = 0.0f;
+            k->axpy_rows(a, (size_t)r, j->q + ((size_t)t0 * nh + h) * qd, (size_t)nh * qd, nt, wkv, (size_t)r, nope,
+                         r); /* each row's nope axpys in turn */
         }
         for (int rho = 0; rho < R && rope; rho++)
             memcpy(qp + (size_t)rho * rope, j->q + ((size_t)(t0 + rho % nt) * nh + h0 + rho / nt) * qd + nope,
@@ -131,15 +129,8 @@ static void mla_rows(void *ctx, int i0, int i1, int tid)
                 o[e] = 0.0f;
         }
         k->softmax_rows(sc, ld, n, R, hp->attn_scale);
-        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS) {
-            const float *c = blk_kv_row(j->st, s0, W);
-            for (int rho = 0; rho < R; rho++) {
-                int m = j->pos0 + t0 + rho % nt + 1 - s0;
-                m = m < BLK_ATT_KEYS ? m : BLK_ATT_KEYS;
-                if (m > 0)
-                    k->axpy_rows(ol + (size_t)rho * r, c, W, sc + (size_t)rho * ld + s0, m, r);
-            }
-        }
+        for (int s0 = 0; s0 < nmax; s0 += BLK_ATT_KEYS)
+            blk_att_sums(k, ol, (size_t)r, sc, ld, n, R, s0, blk_kv_row(j->st, s0, W), W, r);
         for (int h = h0; h < h1; h++) {
             int row = h * (nope + vd);
             k->decode_rows(&j->w->kv_b, row + nope, row + nope + vd, wkv);

@@ -103,7 +103,7 @@ int blk_moe(const blk *b, int layer, const moe_w *w, const float *x, int T, floa
         float *rt = r + (size_t)t * D;
         for (int i = 0; i < D; i++)
             rt[i] = 0.0f;
-        b->k->axpy_rows(rt, slots + (size_t)t * K * D, (size_t)D, wt + (size_t)t * K, K, D);
+        b->k->axpy_rows(rt, (size_t)D, wt + (size_t)t * K, (size_t)K, 1, slots + (size_t)t * K * D, (size_t)D, K, D);
     }
     if (hp->latent) {
         blk_rmsnorm(b, r, w->lat_norm, T, D, hp->rms_eps, r);

@@ -96,17 +96,22 @@ static void c_decode_rows(const kmat *w, int r0, int r1, float *out)
     dmat_free(&d);
 }
 
-static void c_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len)
+static void c_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx, int n,
+                        int len)
 {
     size_t nx = n ? ((size_t)(n - 1) * ldx + (size_t)len) * 4 : 0;
-    float *dy = dput(y, (size_t)len * 4), *dx = dput(x, nx), *da = dput(a, (size_t)n * 4);
-    cudak_axpy_rows(dy, dx, ldx, da, n, len, NULL);
-    dget(y, dy, (size_t)len * 4);
+    size_t nyb = ny ? ((size_t)(ny - 1) * ldy + (size_t)len) * 4 : 0, na = ny ? ((size_t)(ny - 1) * lda + n) * 4 : 0;
+    float *dy = dput(y, nyb), *dx = dput(x, nx), *da = dput(a, na);
+    cudak_axpy_rows(dy, ldy, da, lda, ny, dx, ldx, n, len, NULL);
+    dget(y, dy, nyb);
     cudaFree(dx);
     cudaFree(da);
 }
 
-static void c_axpy(float *y, const float *x, float a, int n) { c_axpy_rows(y, x, (size_t)n, &a, 1, n); }
+static void c_axpy(float *y, const float *x, float a, int n)
+{
+    c_axpy_rows(y, (size_t)n, &a, 1, 1, x, (size_t)n, 1, n);
+}
 
 static void c_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha,
                        float beta, float *o, float *u)

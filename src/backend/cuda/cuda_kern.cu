@@ -935,12 +935,15 @@ extern "C" void cudak_dot_rows(const float *a, const float *x, size_t ldx, int r
     k_dot_rows<<<(unsigned)((rows + 15) / 16), 256, 0, (cudaStream_t)stream>>>(a, x, ldx, rows, n, out);
 }
 
-__global__ void k_axpy_rows(float *y, const float *__restrict__ x, size_t ldx, const float *__restrict__ a, int n,
-                            int len)
+/* one output a grid row (blockIdx.y) */
+__global__ void k_axpy_rows(float *y, size_t ldy, const float *__restrict__ a, size_t lda,
+                            const float *__restrict__ x, size_t ldx, int n, int len)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= len)
         return;
+    y += blockIdx.y * ldy;
+    a += blockIdx.y * lda;
     float v = y[i];
 #pragma unroll 8
     for (int s = 0; s < n; s++)
@@ -948,11 +951,13 @@ __global__ void k_axpy_rows(float *y, const float *__restrict__ x, size_t ldx, c
     y[i] = v;
 }
 
-extern "C" void cudak_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len, void *stream)
+extern "C" void cudak_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx,
+                                int n, int len, void *stream)
 {
-    if (len <= 0)
+    if (len <= 0 || ny <= 0)
         return;
-    k_axpy_rows<<<(unsigned)((len + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, x, ldx, a, n, len);
+    dim3 grid((unsigned)((len + 255) / 256), (unsigned)ny);
+    k_axpy_rows<<<grid, 256, 0, (cudaStream_t)stream>>>(y, ldy, a, lda, x, ldx, n, len);
 }
 
 /* kern_scalar_kda_step, one thread per column c: every operation is element-wise across columns

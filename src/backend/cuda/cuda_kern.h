@@ -44,8 +44,9 @@ void cudak_matmul_set(const cudak_mm *m, int n, void *stream);
 void cudak_decode_rows(const kmat *w, int r0, int r1, float *out, void *stream);
 /* out[s] = dot(a, x + s * ldx, n) for s < rows. */
 void cudak_dot_rows(const float *a, const float *x, size_t ldx, int rows, int n, float *out, void *stream);
-/* y[i] = fma(a[s], x[s * ldx + i], y[i]) for s = 0 .. n - 1 in turn, i < len (a: n device floats). */
-void cudak_axpy_rows(float *y, const float *x, size_t ldx, const float *a, int n, int len, void *stream);
+/* kern.h's axpy_rows: for each of ny outputs j, y_j = y + j ldy and a_j = a + j lda (device floats). */
+void cudak_axpy_rows(float *y, size_t ldy, const float *a, size_t lda, int ny, const float *x, size_t ldx, int n,
+                     int len, void *stream);
 /* kern.h's kda_step for one head: S [d][d] in place, k, v, q, alpha [d], o [d] out. */
 void cudak_kda_step(float *S, int d, const float *k, const float *v, const float *q, const float *alpha, float beta,
                     float *o, void *stream);
