@@ -468,9 +468,10 @@ enum { MLA_MAX_R = 1024 };
  * weighted by q_nope; each key's score as a dot over the latent plus one over the rope part (one
  * half-warp per key); the softmax's max and sum by one thread in key order; ol = the axpys of the
  * latent rows weighted by score / sum; then each output as a dot of a Wv row with ol (a half-warp
- * each). A thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any. At decode, where the
- * heads alone leave most SMs empty, a block has MLA_WIDE threads, four times the warps to share
- * the keys and outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
+ * each). A thread's axpy chains (qa, ol) load MLA_UNROLL operands before adding any, and a dot's
+ * lane MLA_DOT (a 512-wide latent in two rounds of reads). At decode, where the heads alone leave
+ * most SMs empty, a block has MLA_WIDE threads, four times the warps to share the keys and
+ * outputs: 113.7 -> 21.7 us a k3-wide layer (bench/results/cuda.md). */
 enum { MLA_UNROLL = 32, MLA_WIDE = 1024, MLA_DOT = 16 };
 __global__ void __launch_bounds__(MLA_WIDE)
     k_mla_attend(const float *q, const float *wkv, float *const *chunks, int pos0, int nh, int nope, int rope, int r,
