@@ -152,16 +152,14 @@ _Static_assert(BLK_KV_CHUNK % BLK_ATT_KEYS == 0, "a run of cached rows stays in 
  * ldx floats apart, len wide): row rho's output y + rho ldy takes the first min(n[rho] - s0,
  * BLK_ATT_KEYS) of them, weighted by its scores sc + rho ld + s0. Neighbouring rows that take as
  * many go to axpy_rows together, to share the loads of x. */
+static inline int blk_att_run_keys(int n, int s0) { return n - s0 < BLK_ATT_KEYS ? n - s0 : BLK_ATT_KEYS; }
 static inline void blk_att_sums(const kern_ops *k, float *y, size_t ldy, const float *sc, size_t ld, const int *n,
                                 int R, int s0, const float *x, size_t ldx, int len)
 {
     for (int rho = 0, c; rho < R; rho += c) {
-        int m = n[rho] - s0 < BLK_ATT_KEYS ? n[rho] - s0 : BLK_ATT_KEYS;
-        for (c = 1; rho + c < R; c++) {
-            int mc = n[rho + c] - s0 < BLK_ATT_KEYS ? n[rho + c] - s0 : BLK_ATT_KEYS;
-            if (mc != m)
-                break;
-        }
+        int m = blk_att_run_keys(n[rho], s0);
+        for (c = 1; rho + c < R && blk_att_run_keys(n[rho + c], s0) == m; c++)
+            ;
         if (m > 0)
             k->axpy_rows(y + (size_t)rho * ldy, ldy, sc + (size_t)rho * ld + s0, ld, c, x, ldx, m, len);
     }

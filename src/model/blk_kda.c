@@ -55,6 +55,17 @@ static void short_conv(const kern_ops *k, const float *wt, int K, int P, const f
     memcpy(win_out, nw, sizeof(float) * (size_t)(K - 1) * P);
 }
 
+/* v[i] = km_sigmoidf(v[i]) for i < n, that is 1 / (1 + km_expf(-v[i])), the exponentials in kern's
+ * vectors: exp_sub's km_expf(x - +0) is km_expf(x), -0 included. */
+static void kda_sigmoids(const kern_ops *k, float *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        v[i] = -v[i];
+    k->exp_sub(v, n, 0.0f);
+    for (int i = 0; i < n; i++)
+        v[i] = 1.0f / (1.0f + v[i]);
+}
+
 struct kda_job {
     const blk *b;
     const kda_w *w;
@@ -90,16 +101,14 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                 q[i] = j->q[base + i] * qr * qscale;
                 k[i] = j->k[base + i] * kr;
                 float z = j->f[base + i] + j->w->dt_bias[h * d + i];
-                alpha[i] = lower ? -(j->w->A[h] * z) : -j->w->A[h] * km_softplusf(z);
+                alpha[i] = lower ? j->w->A[h] * z : -j->w->A[h] * km_softplusf(z);
             }
-            /* The exponentials in kern's vectors, as km_expf(x - +0): x - +0 is x, -0 included.
-             * The lower bound's sigmoid is km_sigmoidf's 1 / (1 + km_expf(-x)) written out. */
             if (lower) {
-                j->b->k->exp_sub(alpha, d, 0.0f);
+                kda_sigmoids(j->b->k, alpha, d);
                 for (int i = 0; i < d; i++)
-                    alpha[i] = hp->kda_lower_bound * (1.0f / (1.0f + alpha[i]));
+                    alpha[i] = hp->kda_lower_bound * alpha[i];
             }
-            j->b->k->exp_sub(alpha, d, 0.0f); /* alpha = exp(g) */
+            j->b->k->exp_sub(alpha, d, 0.0f); /* alpha = exp(g), as km_expf(g - +0) */
             float beta = blk_sigmoid(j->beta[(size_t)t * hp->kda_heads + h]);
             j->b->k->kda_step(S, d, k, v, q, alpha, beta, o, u);
             if (!j->o)
@@ -110,11 +119,10 @@ static void kda_heads(void *ctx, int h0, int h1, int tid)
                 ss += o[c] * o[c];
             float rn = 1.0f / sqrtf(ss / (float)d + hp->rms_eps);
             float *out = j->o + base;
+            memcpy(sg, j->gate + base, sizeof(float) * (size_t)d);
+            kda_sigmoids(j->b->k, sg, d);
             for (int c = 0; c < d; c++)
-                sg[c] = -j->gate[base + c];
-            j->b->k->exp_sub(sg, d, 0.0f); /* the gate's sigmoid as above */
-            for (int c = 0; c < d; c++)
-                out[c] = o[c] * rn * j->w->o_norm[c] * (1.0f / (1.0f + sg[c]));
+                out[c] = o[c] * rn * j->w->o_norm[c] * sg[c];
         }
     }
 }
